@@ -1,0 +1,244 @@
+"""Lowering: a planned cell becomes one TensorIR function for the whole sequence.
+
+``te.scan`` cannot be lowered in TVM 0.27, so the time loop is built here. The cell is traced twice
+more, each time with a tracer that turns its matmuls into what the plan decided:
+
+  prologue (batch T*B): the hoisted GEMMs over all steps, the recurrent weights packed (K, N), the
+      initial states copied into row block 0 of each state sequence;
+  step (batch B): per stage, the combined GEMM over the packed weights, and the elementwise math.
+
+Each trace becomes a PrimFunc through ``te.create_prim_func``; their bodies are placed, as TVMScript,
+into one function whose ``for t`` loop holds an opaque ``step`` block. That block binds the step's
+buffers to row blocks of the sequences with ``T.match_buffer``, so the blocks inside index only their
+views and stay ordinary spatial/reduction blocks that every schedule primitive accepts.
+
+All buffers are 2-D: x is (T*B, I), the sequence of each state s is ``s_seq`` ((T+1)*B, H) with the
+initial state in rows 0..B-1 and the state after step t in rows (t+1)*B.., so that the next step reads
+what the last one wrote without copies.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+import tvm
+from tvm import te
+
+from .cell import Cell, Params, placeholders, trace
+from .ops import plain_matmul
+from .plan import Gemm, Plan, make_plan
+
+ACCUMULATE = "float32"
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of the lowered function, in call order."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str  # "x", "state", "param" or "output"
+
+
+@dataclass
+class Program:
+    """The lowered, unscheduled function and what is needed to call it."""
+
+    cell: Cell
+    plan: Plan
+    steps: int
+    batch: int
+    dtype: str
+    func: tvm.tirx.PrimFunc
+    args: list[Arg]
+
+    @property
+    def mod(self) -> tvm.IRModule:
+        return tvm.IRModule({"main": self.func})
+
+
+def _math_view(t: te.Tensor) -> te.Tensor:
+    """t in float32 for the cell's math: t itself when already float32, else a cast (inlined later)."""
+    if t.dtype == ACCUMULATE:
+        return t
+    return te.compute(t.shape, lambda *i: t(*i).astype(ACCUMULATE), name=f"{t.op.name}_f32")
+
+
+def _storage(t: te.Tensor, dtype: str, name: str) -> te.Tensor:
+    return te.compute(t.shape, lambda *i: t(*i).astype(dtype), name=name)
+
+
+def _columns(t: te.Tensor, start: int, width: int, name: str) -> te.Tensor:
+    return te.compute((t.shape[0], width), lambda b, n: t[b, n + start], name=name)
+
+
+def _packed(gemm: Gemm, params: Params, name: str) -> te.Tensor:
+    """The weights of a GEMM's matmuls stacked in call order and transposed to (K, N)."""
+    members = [(gemm.offset(m), params[m.weight]) for m in gemm.members]
+
+    def value(k, n):
+        start, w = members[-1]
+        v = w[n - start, k]
+        for start, w in reversed(members[:-1]):
+            v = te.if_then_else(n < start + int(w.shape[0]), w[n - start, k], v)
+        return v
+
+    return te.compute((gemm.depth, gemm.rows), value, name=name)
+
+
+def _gemm(operand: te.Tensor, packed: te.Tensor, name: str) -> te.Tensor:
+    k = te.reduce_axis((0, int(packed.shape[0])), name="k")
+    return te.compute(
+        (operand.shape[0], packed.shape[1]),
+        lambda b, n: te.sum(operand[b, k].astype(ACCUMULATE) * packed[k, n].astype(ACCUMULATE), axis=k),
+        name=name,
+    )
+
+
+class _Tracer:
+    """Answers each matmul call with a column slice of the GEMM the plan put it in."""
+
+    def __init__(self, plan: Plan, gemm_result):
+        self.plan, self.gemm_result, self.calls = plan, gemm_result, 0
+
+    def matmul(self, a, weight):
+        index, self.calls = self.calls, self.calls + 1
+        if index >= len(self.plan.matmuls) or self.plan.matmuls[index].weight != weight.op.name:
+            raise RuntimeError(
+                f"{self.plan.cell.name}.step made different matmuls on a second trace: a cell's "
+                "step must be a pure function of its arguments"
+            )
+        m = self.plan.matmuls[index]
+        gemm = self.plan.gemm_of(index)
+        result = self.gemm_result(gemm, a, weight)
+        if result is None:  # not computed in this trace
+            return plain_matmul(a, weight)
+        return _columns(result, gemm.offset(m), m.rows, name=f"{gemm.name}_{m.weight}")
+
+
+def _body(func: tvm.tirx.PrimFunc) -> str:
+    """The TVMScript of a function's body, without its signature."""
+    lines = func.script().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("T.func_attr")) + 1
+    return textwrap.dedent("\n".join(lines[start:]))
+
+
+def _prim_func(inputs, outputs, expected: list[str]) -> tvm.tirx.PrimFunc:
+    func = te.create_prim_func(list(inputs) + list(outputs))
+    names = [p.name for p in func.params]
+    if names != expected:
+        raise ValueError(
+            f"a name in the cell clashes with one halstm reserves: expected buffers {expected}, "
+            f"got {names}"
+        )
+    return func
+
+
+def _cell_params(plan: Plan, params: Params) -> Params:
+    """The parameters as the cell's math sees them: matmul weights stay in storage dtype (the GEMMs
+    convert per element while accumulating), the others are float32 views."""
+    weights = {m.weight for m in plan.matmuls}
+    return Params({n: p if n in weights else _math_view(p) for n, p in params.items()})
+
+
+def _trace_with(plan: Plan, x, states, params, gemm_result):
+    return trace(plan.cell, _math_view(x), [_math_view(s) for s in states], _cell_params(plan, params),
+                 _Tracer(plan, gemm_result))
+
+
+def _prologue(plan: Plan, steps: int, batch: int, dtype: str) -> tvm.tirx.PrimFunc:
+    """Hoisted GEMMs over all T*B rows, packed recurrent weights, initial states into the sequences."""
+    cell = plan.cell
+    x, states, params = placeholders(cell, steps * batch, dtype)
+    inits = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}0") for s in cell.states]
+    packed = {g.name: _packed(g, params, f"w_packed{i}") for i, g in enumerate(plan.gemms)}
+    hoisted = {}
+
+    def gemm_result(gemm, a, _weight):
+        if gemm.stage != 0:
+            return None
+        if gemm.name not in hoisted:
+            hoisted[gemm.name] = _gemm(a, packed[gemm.name], gemm.name)
+        return hoisted[gemm.name]
+
+    _trace_with(plan, x, states, params, gemm_result)
+    copies = [_storage(p, dtype, f"{s}_init") for s, p in zip(cell.states, inits)]
+    outputs = (
+        [hoisted[g.name] for g in plan.hoisted] + [packed[g.name] for g in plan.gemms if g.stage > 0] + copies
+    )
+    inputs = [x, *inits, *params.values()]
+    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+
+
+def _step(plan: Plan, batch: int, dtype: str) -> tvm.tirx.PrimFunc:
+    """One step on row-block views: per stage the combined GEMM, then the elementwise math."""
+    cell = plan.cell
+    x, _, params = placeholders(cell, batch, dtype)
+    states = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}_t") for s in cell.states]
+    x_proj = {g.name: te.placeholder((batch, g.rows), ACCUMULATE, name=f"{g.name}_t") for g in plan.hoisted}
+    packed = {
+        g.name: te.placeholder((g.depth, g.rows), dtype, name=f"w_packed{i}")
+        for i, g in enumerate(plan.gemms)
+        if g.stage > 0
+    }
+    gemms = {}
+
+    def gemm_result(gemm, a, _weight):
+        if gemm.stage == 0:
+            return x_proj[gemm.name]
+        if gemm.name not in gemms:
+            gemms[gemm.name] = _gemm(a, packed[gemm.name], gemm.name)
+        return gemms[gemm.name]
+
+    traced = _trace_with(plan, x, states, params, gemm_result)
+    nexts = [_storage(t, dtype, f"{s}_next") for s, t in zip(cell.states, traced.next_states)]
+    inputs = [*x_proj.values(), *states, *params.values(), *packed.values()]
+    return _prim_func(inputs, nexts, [t.op.name for t in inputs + nexts])
+
+
+def _view(name: str, buffer: str, row: str, rows: int, cols: int, dtype: str) -> str:
+    return (f'{name} = T.match_buffer({buffer}[{row}:{row} + {rows}, 0:{cols}], ({rows}, {cols}), '
+            f'"{dtype}", offset_factor=1)')
+
+
+def lower(cell: Cell, steps: int, batch: int, dtype: str = "float32", plan: Plan | None = None) -> Program:
+    """The whole sequence as one PrimFunc ``main`` (unscheduled)."""
+    plan = plan or make_plan(cell)
+    T, B, H = steps, batch, cell.hidden_size
+    args = [Arg("x", (T * B, cell.input_size), dtype, "x")]
+    args += [Arg(f"{s}0", (B, H), dtype, "state") for s in cell.states]
+    args += [Arg(n, tuple(shape), dtype, "param") for n, shape in cell.parameters().items()]
+    args += [Arg(f"{s}_seq", ((T + 1) * B, H), dtype, "output") for s in cell.states]
+
+    signature = ", ".join(f'{a.name}: T.Buffer({a.shape}, "{a.dtype}")' for a in args)
+    allocs = [f'{g.name} = T.alloc_buffer(({T * B}, {g.rows}), "{ACCUMULATE}")' for g in plan.hoisted]
+    allocs += [
+        f'w_packed{i} = T.alloc_buffer(({g.depth}, {g.rows}), "{dtype}")'
+        for i, g in enumerate(plan.gemms)
+        if g.stage > 0
+    ]
+    prologue_views = [_view(f"{s}_init", f"{s}_seq", "0", B, H, dtype) for s in cell.states]
+    step_views = [_view(f"{g.name}_t", g.name, f"t * {B}", B, g.rows, ACCUMULATE) for g in plan.hoisted]
+    step_views += [_view(f"{s}_t", f"{s}_seq", f"t * {B}", B, H, dtype) for s in cell.states]
+    step_views += [_view(f"{s}_next", f"{s}_seq", f"t * {B} + {B}", B, H, dtype) for s in cell.states]
+
+    def indent(lines, n):
+        return textwrap.indent("\n".join(lines), " " * n)
+
+    source = f"""
+@T.prim_func(s_tir=True)
+def main({signature}):
+    T.func_attr({{"tirx.noalias": True, "global_symbol": "main"}})
+{indent(allocs, 4)}
+    with T.sblock("prologue"):
+{indent(prologue_views, 8)}
+{indent([_body(_prologue(plan, T, B, dtype))], 8)}
+    for t in range({T}):
+        with T.sblock("step"):
+{indent(step_views, 12)}
+{indent([_body(_step(plan, B, dtype))], 12)}
+"""
+    func = tvm.script.from_source(source)
+    return Program(cell, plan, steps, batch, dtype, func, args)

@@ -1,0 +1,86 @@
+"""The thin layer cells are written in: a matmul with a parameter, gate splitting, activations.
+
+Everything here builds TVM tensor expressions; a cell may use raw ``te.compute`` beside it. Only
+``matmul`` (and ``linear``, built on it) is special: it is how the compiler sees a matmul, so it can
+hoist it out of the time loop or combine it with others. While a cell is being traced for lowering,
+``matmul`` asks the active tracer what to return (see ``tracing``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from tvm import te, topi  # importing topi gives te.Tensor its elementwise arithmetic operators
+
+MATMUL_TAG = "halstm.matmul"
+
+sigmoid = topi.sigmoid
+tanh = topi.tanh
+exp = topi.exp
+log = topi.log
+sqrt = topi.sqrt
+relu = topi.nn.relu
+maximum = topi.maximum
+minimum = topi.minimum
+
+_tracers: list = []
+
+
+@contextlib.contextmanager
+def tracing(tracer):
+    """Route every ``matmul`` made inside the block to ``tracer.matmul(a, weight)``."""
+    _tracers.append(tracer)
+    try:
+        yield tracer
+    finally:
+        _tracers.pop()
+
+
+def plain_matmul(a: te.Tensor, weight: te.Tensor) -> te.Tensor:
+    """``a @ weight.T`` as a plain reduction, accumulated in float32."""
+    (rows, depth), (cols, _) = a.shape, weight.shape
+    k = te.reduce_axis((0, depth), name="k")
+    return te.compute(
+        (rows, cols),
+        lambda b, n: te.sum(a[b, k].astype("float32") * weight[n, k].astype("float32"), axis=k),
+        name=f"matmul_{weight.op.name}",
+        tag=MATMUL_TAG,
+    )
+
+
+def matmul(a: te.Tensor, weight: te.Tensor) -> te.Tensor:
+    """``a @ weight.T``: a is (B, K), weight a parameter of shape (N, K); the result is (B, N)."""
+    if not isinstance(weight.op, te.PlaceholderOp):
+        raise TypeError(
+            f"matmul: the weight must be a cell parameter (p.name), got the computed tensor "
+            f"'{weight.op.name}'"
+        )
+    if len(a.shape) != 2 or len(weight.shape) != 2 or int(a.shape[1]) != int(weight.shape[1]):
+        raise ValueError(
+            f"matmul: expected a (B, K) and weight (N, K), got a {tuple(a.shape)} and "
+            f"{weight.op.name} {tuple(weight.shape)}"
+        )
+    if _tracers:
+        return _tracers[-1].matmul(a, weight)
+    return plain_matmul(a, weight)
+
+
+def linear(a: te.Tensor, weight: te.Tensor, bias: te.Tensor | None = None) -> te.Tensor:
+    """``a @ weight.T + bias``, as torch.nn.functional.linear."""
+    y = matmul(a, weight)
+    return y if bias is None else y + bias
+
+
+def split(t: te.Tensor, parts: int) -> list[te.Tensor]:
+    """Split the last axis of ``t`` into ``parts`` equal chunks (gates stacked as in PyTorch)."""
+    *lead, width = (int(d) for d in t.shape)
+    if width % parts:
+        raise ValueError(f"split: last axis {width} is not divisible into {parts} parts")
+    size = width // parts
+
+    def chunk(p):
+        return te.compute(
+            (*lead, size), lambda *i: t[(*i[:-1], i[-1] + p * size)], name=f"{t.op.name}_{p}"
+        )
+
+    return [chunk(p) for p in range(parts)]
