@@ -51,6 +51,7 @@ class Program:
     steps: int
     batch: int
     dtype: str
+    layout: PackedLayout
     func: tvm.tirx.PrimFunc
     args: list[Arg]
 
@@ -74,25 +75,46 @@ def _columns(t: te.Tensor, start: int, width: int, name: str) -> te.Tensor:
     return te.compute((t.shape[0], width), lambda b, n: t[b, n + start], name=name)
 
 
-def _packed(gemm: Gemm, params: Params, name: str) -> te.Tensor:
-    """The weights of a GEMM's matmuls stacked in call order and transposed to (K, N)."""
+@dataclass(frozen=True)
+class PackedLayout:
+    """How a GEMM's stacked weights are stored, a choice the recipe makes: (K, N) rows, or with
+    ``tile`` strips (ceil(N / tile), K, tile), zero-padded, each strip contiguous."""
+
+    tile: int | None = None
+
+    def shape(self, depth: int, rows: int) -> tuple[int, ...]:
+        if self.tile is None:
+            return (depth, rows)
+        return (-(-rows // self.tile), depth, self.tile)
+
+    def load(self, packed: te.Tensor, k, n):
+        return packed[k, n] if self.tile is None else packed[n // self.tile, k, n % self.tile]
+
+
+def _packed(gemm: Gemm, params: Params, layout: PackedLayout, name: str) -> te.Tensor:
+    """The weights of a GEMM's matmuls stacked in call order, transposed, in ``layout``."""
     members = [(gemm.offset(m), params[m.weight]) for m in gemm.members]
+    dtype = members[0][1].dtype
 
     def value(k, n):
-        start, w = members[-1]
-        v = w[n - start, k]
-        for start, w in reversed(members[:-1]):
+        v = te.const(0, dtype)
+        for start, w in reversed(members):
             v = te.if_then_else(n < start + int(w.shape[0]), w[n - start, k], v)
         return v
 
-    return te.compute((gemm.depth, gemm.rows), value, name=name)
+    def at(*i):
+        return value(*i) if layout.tile is None else value(i[1], i[0] * layout.tile + i[2])
+
+    return te.compute(layout.shape(gemm.depth, gemm.rows), at, name=name)
 
 
-def _gemm(operand: te.Tensor, packed: te.Tensor, name: str) -> te.Tensor:
-    k = te.reduce_axis((0, int(packed.shape[0])), name="k")
+def _gemm(operand: te.Tensor, packed: te.Tensor, layout: PackedLayout, rows: int, name: str) -> te.Tensor:
+    k = te.reduce_axis((0, int(operand.shape[1])), name="k")
     return te.compute(
-        (operand.shape[0], packed.shape[1]),
-        lambda b, n: te.sum(operand[b, k].astype(ACCUMULATE) * packed[k, n].astype(ACCUMULATE), axis=k),
+        (operand.shape[0], rows),
+        lambda b, n: te.sum(
+            operand[b, k].astype(ACCUMULATE) * layout.load(packed, k, n).astype(ACCUMULATE), axis=k
+        ),
         name=name,
     )
 
@@ -148,19 +170,19 @@ def _trace_with(plan: Plan, x, states, params, gemm_result):
                  _Tracer(plan, gemm_result))
 
 
-def _prologue(plan: Plan, steps: int, batch: int, dtype: str) -> tvm.tirx.PrimFunc:
+def _prologue(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
     """Hoisted GEMMs over all T*B rows, packed recurrent weights, initial states into the sequences."""
     cell = plan.cell
     x, states, params = placeholders(cell, steps * batch, dtype)
     inits = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}0") for s in cell.states]
-    packed = {g.name: _packed(g, params, f"w_packed{i}") for i, g in enumerate(plan.gemms)}
+    packed = {g.name: _packed(g, params, layout, f"w_packed{i}") for i, g in enumerate(plan.gemms)}
     hoisted = {}
 
     def gemm_result(gemm, a, _weight):
         if gemm.stage != 0:
             return None
         if gemm.name not in hoisted:
-            hoisted[gemm.name] = _gemm(a, packed[gemm.name], gemm.name)
+            hoisted[gemm.name] = _gemm(a, packed[gemm.name], layout, gemm.rows, gemm.name)
         return hoisted[gemm.name]
 
     _trace_with(plan, x, states, params, gemm_result)
@@ -172,14 +194,14 @@ def _prologue(plan: Plan, steps: int, batch: int, dtype: str) -> tvm.tirx.PrimFu
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
-def _step(plan: Plan, batch: int, dtype: str) -> tvm.tirx.PrimFunc:
+def _step(plan: Plan, batch: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
     """One step on row-block views: per stage the combined GEMM, then the elementwise math."""
     cell = plan.cell
     x, _, params = placeholders(cell, batch, dtype)
     states = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}_t") for s in cell.states]
     x_proj = {g.name: te.placeholder((batch, g.rows), ACCUMULATE, name=f"{g.name}_t") for g in plan.hoisted}
     packed = {
-        g.name: te.placeholder((g.depth, g.rows), dtype, name=f"w_packed{i}")
+        g.name: te.placeholder(layout.shape(g.depth, g.rows), dtype, name=f"w_packed{i}")
         for i, g in enumerate(plan.gemms)
         if g.stage > 0
     }
@@ -189,7 +211,7 @@ def _step(plan: Plan, batch: int, dtype: str) -> tvm.tirx.PrimFunc:
         if gemm.stage == 0:
             return x_proj[gemm.name]
         if gemm.name not in gemms:
-            gemms[gemm.name] = _gemm(a, packed[gemm.name], gemm.name)
+            gemms[gemm.name] = _gemm(a, packed[gemm.name], layout, gemm.rows, gemm.name)
         return gemms[gemm.name]
 
     traced = _trace_with(plan, x, states, params, gemm_result)
@@ -203,7 +225,14 @@ def _view(name: str, buffer: str, row: str, rows: int, cols: int, dtype: str) ->
             f'"{dtype}", offset_factor=1)')
 
 
-def lower(cell: Cell, steps: int, batch: int, dtype: str = "float32", plan: Plan | None = None) -> Program:
+def lower(
+    cell: Cell,
+    steps: int,
+    batch: int,
+    dtype: str = "float32",
+    plan: Plan | None = None,
+    layout: PackedLayout = PackedLayout(),
+) -> Program:
     """The whole sequence as one PrimFunc ``main`` (unscheduled)."""
     plan = plan or make_plan(cell)
     T, B, H = steps, batch, cell.hidden_size
@@ -215,7 +244,7 @@ def lower(cell: Cell, steps: int, batch: int, dtype: str = "float32", plan: Plan
     signature = ", ".join(f'{a.name}: T.Buffer({a.shape}, "{a.dtype}")' for a in args)
     allocs = [f'{g.name} = T.alloc_buffer(({T * B}, {g.rows}), "{ACCUMULATE}")' for g in plan.hoisted]
     allocs += [
-        f'w_packed{i} = T.alloc_buffer(({g.depth}, {g.rows}), "{dtype}")'
+        f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")'
         for i, g in enumerate(plan.gemms)
         if g.stage > 0
     ]
@@ -234,11 +263,11 @@ def main({signature}):
 {indent(allocs, 4)}
     with T.sblock("prologue"):
 {indent(prologue_views, 8)}
-{indent([_body(_prologue(plan, T, B, dtype))], 8)}
+{indent([_body(_prologue(plan, T, B, dtype, layout))], 8)}
     for t in range({T}):
         with T.sblock("step"):
 {indent(step_views, 12)}
-{indent([_body(_step(plan, B, dtype))], 12)}
+{indent([_body(_step(plan, B, dtype, layout))], 12)}
 """
     func = tvm.script.from_source(source)
-    return Program(cell, plan, steps, batch, dtype, func, args)
+    return Program(cell, plan, steps, batch, dtype, layout, func, args)

@@ -88,7 +88,7 @@ class _Evaluator:
             return e.value
         if kind == "Cast":  # float64 all through: casts between float types are no-ops here
             v = self._expr(e.value, env, ndim)
-            return np.trunc(v).astype(np.int64) if e.dtype.startswith("int") else v
+            return np.trunc(v).astype(np.int64) if str(e.ty).startswith("int") else v
         if kind in _BINARY:
             return _BINARY[kind](self._expr(e.a, env, ndim), self._expr(e.b, env, ndim))
         if kind == "Not":

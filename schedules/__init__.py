@@ -1,1 +1,23 @@
-"""s"""
+"""Schedule recipes: how a lowered program runs on a target.
+
+A recipe is a small class in the style of TVM's dlight rules: ``is_applicable(program, target)`` and
+``apply(program, target, **knobs)``, which returns an ``s_tir.Schedule`` (its ``trace`` prints every
+rewrite made) or None. ``knobs`` names each tunable and its candidate values; the first is the default.
+Users write their own by subclassing ``Recipe``; ``recipes_for`` lists the built-in ones.
+"""
+
+from __future__ import annotations
+
+from .recipe import Recipe
+from .cpu import CpuStepLoop
+from .cuda import CudaStepLoop
+
+BUILTIN = (CpuStepLoop(), CudaStepLoop())
+
+
+def recipes_for(program, target) -> list[Recipe]:
+    """The built-in recipes that apply to ``program`` on ``target``, preferred first."""
+    return [r for r in BUILTIN if r.is_applicable(program, target)]
+
+
+__all__ = ["Recipe", "CpuStepLoop", "CudaStepLoop", "recipes_for", "BUILTIN"]

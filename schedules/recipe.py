@@ -1,0 +1,81 @@
+"""The recipe base class and the rewrites recipes share."""
+
+from __future__ import annotations
+
+from tvm.s_tir import Schedule
+from tvm.tirx import IterVar
+
+from halstm.lower import PackedLayout
+
+
+class Recipe:
+    """A named schedule recipe with tunable knobs."""
+
+    name = "recipe"
+    knobs: dict[str, tuple] = {}
+
+    def is_applicable(self, program, target) -> bool:
+        raise NotImplementedError
+
+    def apply(self, program, target, **knobs) -> Schedule | None:
+        raise NotImplementedError
+
+    def layout(self, program, target, knobs: dict) -> PackedLayout:
+        """How the packed GEMM weights are stored for this recipe (lowering reads it)."""
+        return PackedLayout()
+
+    def defaults(self, program, target) -> dict:
+        """The knob values used without tuning (the first candidate of each)."""
+        return {k: v[0] for k, v in self.knobs.items()}
+
+    def resolve(self, program, target, knobs: dict | None) -> dict:
+        unknown = set(knobs or {}) - set(self.knobs)
+        if unknown:
+            raise ValueError(f"recipe '{self.name}' has no knob(s) {sorted(unknown)}; it has {sorted(self.knobs)}")
+        return {**self.defaults(program, target), **(knobs or {})}
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+def is_reduction(sch: Schedule, block) -> bool:
+    return any(iv.iter_type == IterVar.CommReduce for iv in sch.get(block).iter_vars)
+
+
+def is_pure_copy(sch: Schedule, block) -> bool:
+    """A block that only moves (and perhaps casts) one value: a slice, a view, a dtype change."""
+    value = sch.get(block).body.value
+    while type(value).__name__ == "Cast":
+        value = value.value
+    return type(value).__name__ == "BufferLoad"
+
+
+def inline_elementwise(sch: Schedule, scope) -> None:
+    """Fuse the elementwise math of a scope into the blocks that write its results.
+
+    Every elementwise block is inlined into its consumers, except one that feeds a GEMM with real
+    arithmetic (the r * h operand of a later stage): that one is computed once and stored.
+    Output blocks (those writing the scope's views) stay.
+    """
+    changed = True
+    while changed:
+        changed = False
+        for block in sch.get_child_blocks(scope):
+            if is_reduction(sch, block):
+                continue
+            consumers = sch.get_consumers(block)
+            if not consumers:  # writes an output view
+                continue
+            if any(is_reduction(sch, c) for c in consumers) and not is_pure_copy(sch, block):
+                continue
+            sch.compute_inline(block)
+            changed = True
+            break
+
+
+def child_blocks(sch: Schedule, scope_name: str):
+    """(reductions, elementwise) blocks directly inside the named scope block."""
+    gemms, elementwise = [], []
+    for block in sch.get_child_blocks(sch.get_sblock(scope_name)):
+        (gemms if is_reduction(sch, block) else elementwise).append(block)
+    return gemms, elementwise

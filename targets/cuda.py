@@ -1,0 +1,96 @@
+"""The CUDA target: the GPU's properties, and a build that can launch kernels cooperatively."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm.target import Target
+
+COOPERATIVE = "tirx.use_cooperative_launch"
+
+
+@dataclass(frozen=True)
+class CudaTarget:
+    """A CUDA GPU as recipes see it. ``detect()`` reads the device; the constructor lets a machine
+    without a GPU compile for one (``CudaTarget("sm_90", sms=132)`` for an H100 SXM or an H200)."""
+
+    arch: str
+    sms: int
+    shared_memory: int = 227 * 1024  # per block, opt-in maximum (Hopper)
+    max_threads: int = 1024
+    name: str = ""
+
+    kind = "cuda"
+
+    @classmethod
+    def detect(cls, index: int = 0) -> CudaTarget:
+        dev = tvm.cuda(index)
+        if not dev.exist:
+            raise RuntimeError(
+                "no CUDA device is visible: pass CudaTarget(arch=..., sms=...) to compile for one"
+            )
+        major, minor = dev.compute_version.split(".")
+        return cls(
+            arch=f"sm_{major}{minor}",
+            sms=dev.multi_processor_count,
+            shared_memory=_opt_in_shared_memory(dev),
+            max_threads=dev.max_threads_per_block,
+            name=dev.device_name,
+        )
+
+    @property
+    def tvm_target(self) -> Target:
+        return Target(
+            {"kind": "cuda", "arch": self.arch, "max_threads_per_block": self.max_threads,
+             "max_shared_memory_per_block": self.shared_memory},
+            host="llvm",
+        )
+
+    @property
+    def key(self) -> str:
+        return f"cuda-{self.arch}-{self.sms}sm" + (f"-{self.name.replace(' ', '_')}" if self.name else "")
+
+    def device(self):
+        return tvm.cuda(0)
+
+    def build(self, mod: tvm.IRModule, cooperative: bool = False):
+        """Compile ``mod``; with ``cooperative``, every kernel is launched with
+        cudaLaunchCooperativeKernel, which ``T.cuda.grid_sync()`` needs.
+
+        The flag must sit on the device function after the host/device split (an attribute on the
+        PrimFunc does not reach the kernel), so this is ``tvm.tirx.build`` with one step between
+        the split and the device finalisation.
+        """
+        if not cooperative:
+            return tvm.compile(mod, target=self.tvm_target)
+        target = self.tvm_target
+        mod = tvm.tirx.transform.BindTarget(target)(mod)
+        pipeline, finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(target)
+        host_mod, device_mods = tvm.tirx.build.split_host_device_mods(pipeline(mod))
+        device_mods = {t: _mark_cooperative(m) for t, m in device_mods.items()}
+        host_mod = finalize_host()(host_mod)
+        device_mods = {t: finalize_device()(m) for t, m in device_mods.items()}
+        return tvm.tirx.build.tir_to_runtime(host_mod, device_mods, target.host)
+
+
+def _mark_cooperative(mod: tvm.IRModule) -> tvm.IRModule:
+    out = tvm.IRModule({}, attrs=mod.attrs)
+    for gvar, func in mod.functions.items():
+        params = list(func.attrs.get("tirx.kernel_launch_params", []) if func.attrs else [])
+        if COOPERATIVE not in params:
+            func = func.with_attr("tirx.kernel_launch_params", params + [COOPERATIVE])
+        out[gvar] = func
+    return out
+
+
+def _opt_in_shared_memory(dev) -> int:
+    """Shared memory a block may opt into: the driver's figure when torch can read it, else the
+    static 48 KiB limit TVM reports."""
+    try:
+        import torch
+
+        props = torch.cuda.get_device_properties(dev.index)
+        return int(getattr(props, "shared_memory_per_block_optin", dev.max_shared_memory_per_block))
+    except Exception:  # torch absent or without CUDA: the runtime's figure is the safe one
+        return dev.max_shared_memory_per_block
