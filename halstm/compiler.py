@@ -136,19 +136,20 @@ def _on_cpu(device) -> bool:
 
 
 class _NumpyFrame:
-    """NumPy arrays: shared with a CPU target through DLPack where aligned, else copied."""
+    """NumPy arrays: shared with a CPU target through DLPack where aligned, else copied (always for
+    bfloat16, which DLPack exchange with NumPy does not carry)."""
 
     def __init__(self, device):
         self.device, self.cpu = device, _on_cpu(device)
 
     def share(self, value):
         value = np.ascontiguousarray(value)
-        if self.cpu and value.ctypes.data % ALIGNMENT == 0:
+        if self.cpu and value.ctypes.data % ALIGNMENT == 0 and value.dtype != ml_dtypes.bfloat16:
             return tvm.runtime.from_dlpack(value)
         return tvm.runtime.tensor(value, self.device)
 
     def result(self, tensor):
-        return np.from_dlpack(tensor) if self.cpu else tensor.numpy()
+        return np.from_dlpack(tensor) if self.cpu and tensor.dtype != "bfloat16" else tensor.numpy()
 
 
 class _TorchFrame:

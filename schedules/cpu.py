@@ -20,7 +20,7 @@ from tvm.s_tir import Schedule
 
 from halstm.lower import PackedLayout
 
-from .recipe import Recipe, child_blocks, inline_elementwise
+from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 
 
 class CpuStepLoop(Recipe):
@@ -41,10 +41,10 @@ class CpuStepLoop(Recipe):
         sch = Schedule(program.mod)
         for scope in ("prologue", "step"):
             inline_elementwise(sch, sch.get_sblock(scope))
-            gemms, elementwise = child_blocks(sch, scope)
+            gemms, others = child_blocks(sch, scope, program)
             for gemm in gemms:
                 _micro_kernel(sch, gemm, k["rows"], k["vectors"] * target.lanes, k["panel"])
-            for block in elementwise:
+            for block in others:
                 _parallel_rows(sch, block, target.lanes)
         return sch
 
@@ -69,7 +69,10 @@ def _micro_kernel(sch: Schedule, block, rows: int, cols: int, panel: int) -> Non
 
 
 def _parallel_rows(sch: Schedule, block, lanes: int) -> None:
-    outer, inner = sch.get_loops(block)[-2:]
-    sch.parallel(outer)
-    if sch.get(inner).extent.value % lanes == 0:
+    """Rows across cores; the hidden units of a row in SIMD lanes (not for a cell's own
+    reductions, which keep their inner loop serial)."""
+    loops = sch.get_loops(block)
+    sch.parallel(loops[0])
+    inner = loops[-1]
+    if len(loops) > 1 and not is_reduction(sch, block) and sch.get(inner).extent.value % lanes == 0:
         sch.vectorize(sch.split(inner, [None, lanes])[1])

@@ -1,0 +1,35 @@
+"""Shared helpers: fresh random inputs every run, errors as relative norms against float64."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
+NUMPY_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def rel_err(got, want) -> float:
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+@pytest.fixture
+def rng():
+    """A generator seeded from the OS: each run sees new inputs (the seed is printed on failure)."""
+    seed = np.random.SeedSequence().entropy
+    print(f"rng seed {seed}")
+    return np.random.default_rng(seed)
+
+
+def random_inputs(cell, steps, batch, rng, dtype="float32"):
+    """x, parameters and initial states, none of them zero, in ``dtype``."""
+    cast = NUMPY_DTYPE[dtype]
+    x = rng.standard_normal((steps, batch, cell.input_size)).astype(cast)
+    bound = 1 / np.sqrt(cell.hidden_size)
+    params = {n: rng.uniform(-bound, bound, s).astype(cast) for n, s in cell.parameters().items()}
+    states = {s: (0.5 * rng.standard_normal((batch, cell.hidden_size))).astype(cast) for s in cell.states}
+    return x, params, states
+
+
+def upcast(values: dict):
+    return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}

@@ -1,0 +1,38 @@
+"""Recipes as rewrites: the IR before and after the CPU recipe."""
+
+import halstm
+from halstm.lower import PackedLayout
+from halstm.schedules import CpuStepLoop, recipes_for
+from halstm.targets import CpuTarget
+
+TARGET = CpuTarget(mcpu="x86-64-v3", cores=2, lanes=8)
+
+
+def step_of(script: str) -> str:
+    return script[script.index('T.sblock("step")'):]
+
+
+def test_lowered_step_is_plain_blocks_on_row_views():
+    program = halstm.lower(halstm.LSTM(8, 16), steps=3, batch=2)
+    text = program.func.script()
+    assert "for t in range(3):" in text
+    assert "h_t = T.match_buffer(h_seq[t * 2:t * 2 + 2, 0:16], (2, 16), offset_factor=1)" in text
+    step = step_of(text)
+    assert 'T.sblock("gemm0")' in step and "T.parallel" not in step
+    assert step.count("T.sblock(") > 5  # gates, slices and activations, each its own block
+
+
+def test_cpu_recipe_fuses_elementwise_and_tiles_gemms():
+    cell = halstm.LSTM(8, 16)
+    recipe = CpuStepLoop()
+    program = halstm.lower(cell, 3, 2, layout=recipe.layout(None, TARGET, recipe.defaults(None, TARGET)))
+    assert program.layout == PackedLayout(tile=16)
+    assert [r.name for r in recipes_for(program, TARGET)] == ["cpu-step-loop"]
+    sch = recipe.apply(program, TARGET)
+    step = step_of(sch.mod.script())
+    blocks = [line.split('"')[1] for line in step.splitlines() if "T.sblock(" in line]
+    # one GEMM (init, update, write-back of its register tile) and one block per next state
+    assert blocks == ["step", "gemm0_init", "gemm0_update", "gemm0_local", "h_next", "c_next"]
+    assert "T.parallel" in step and "T.vectorized" in step
+    assert "w_packed1[v_n // 16, v_k, v_n % 16]" in step
+    assert "sch.cache_write" in str(sch.trace) and "sch.compute_inline" in str(sch.trace)
