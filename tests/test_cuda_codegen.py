@@ -1,0 +1,54 @@
+"""CUDA recipes: every recipe x built-in cell x dtype generates and compiles CUDA (CPU CI, needs nvcc);
+on a GPU machine (``-m gpu``) each is checked against the float64 reference."""
+
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+
+import halstm
+from halstm import schedules
+from halstm.targets import CudaTarget
+
+from conftest import TOLERANCE, random_inputs, rel_err, upcast
+
+CELLS = (halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU)
+DTYPES = ("float32", "float16", "bfloat16")
+RECIPES = [r.name for r in schedules.BUILTIN if r.name.startswith("cuda")]
+T_, B_, I_, H_ = 3, 2, 20, 24
+H100 = CudaTarget("sm_90", sms=132)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+def test_generates_cuda(cell, dtype, recipe):
+    f = halstm.compile(cell(I_, H_), T_, B_, dtype, target=H100, recipe=recipe)
+    assert f.recipe.name == recipe
+
+
+def _gpu() -> bool:
+    try:
+        return tvm.cuda(0).exist
+    except Exception:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+def test_matches_reference_on_gpu(cell, dtype, recipe, rng):
+    torch = pytest.importorskip("torch")
+    c = cell(I_, H_)
+    f = halstm.compile(c, T_, B_, dtype, target=CudaTarget.detect(), recipe=recipe)
+    x, params, states = random_inputs(c, T_, B_, rng, dtype)
+    to_gpu = lambda a: torch.from_numpy(np.asarray(a, np.float32)).to(getattr(torch, dtype)).cuda()
+    y, final = f(to_gpu(x), {k: to_gpu(v) for k, v in params.items()}, {k: to_gpu(v) for k, v in states.items()})
+    want_y, want_states = halstm.reference(c, np.asarray(x, np.float64), upcast(params), upcast(states))
+    assert rel_err(y.float().cpu().numpy(), want_y) < TOLERANCE[dtype]
+    for s in c.states:
+        assert rel_err(final[s].float().cpu().numpy(), want_states[s]) < TOLERANCE[dtype]
