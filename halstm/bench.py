@@ -1,0 +1,154 @@
+"""``halstm bench``: compile built-in cells, check them against the reference, time them side by side
+with PyTorch (nn.LSTM/nn.GRU, when installed) and a plain NumPy loop, print a table, save a plot."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import cells
+from .compiler import compile as compile_cell
+from .reference import reference
+
+DEFAULT_CELLS = ("LSTM", "GRU", "PeepholeLSTM", "ResetBeforeGRU")
+DEFAULT_SHAPES = ((100, 1, 256), (100, 16, 512), (100, 64, 512))  # (T, B, I=H)
+CHECKED_STEPS = 8  # the float64 reference runs this many steps of each sequence
+
+
+@dataclass
+class Row:
+    cell: str
+    steps: int
+    batch: int
+    hidden: int
+    compile_s: float
+    error: float
+    halstm_ms: float
+    torch_ms: float | None
+    numpy_ms: float | None
+
+
+def median_ms(fn, repeat: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def numpy_loop(name: str, x, p):
+    """The textbook float32 NumPy loop of LSTM/GRU: the baseline a researcher writes first."""
+    h = np.zeros((x.shape[1], p["weight_hh"].shape[1]), x.dtype)
+    c = np.zeros_like(h)
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    for xt in x:
+        gx = xt @ p["weight_ih"].T + p["bias_ih"]
+        gh = h @ p["weight_hh"].T + p["bias_hh"]
+        if name == "LSTM":
+            i, f, g, o = np.split(gx + gh, 4, axis=1)
+            c = sig(f) * c + sig(i) * np.tanh(g)
+            h = sig(o) * np.tanh(c)
+        else:
+            (xr, xz, xn), (hr, hz, hn) = np.split(gx, 3, axis=1), np.split(gh, 3, axis=1)
+            r, z = sig(xr + hr), sig(xz + hz)
+            h = (1 - z) * np.tanh(xn + r * hn) + z * h
+    return h
+
+
+def torch_module(name: str, size: int, p):
+    try:
+        import torch
+    except ImportError:
+        return None
+    module = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU}[name](size, size)
+    module.load_state_dict({f"{k}_l0": torch.from_numpy(v) for k, v in p.items()})
+    return module.eval()
+
+
+def run(cell_names=DEFAULT_CELLS, shapes=DEFAULT_SHAPES, target="cpu", repeat=5, seed=None, log=print):
+    rows = []
+    rng = np.random.default_rng(seed)
+    for name in cell_names:
+        for T, B, H in shapes:
+            cell = cells.BUILTIN[name](H, H)
+            params = cell.init_parameters(seed=int(rng.integers(1 << 31)))
+            x = rng.standard_normal((T, B, H)).astype(np.float32)
+            start = time.perf_counter()
+            f = compile_cell(cell, T, B, target=target)
+            compile_s = time.perf_counter() - start
+            y, _ = f(x, params)
+            y_ref, _ = reference(cell, x[:CHECKED_STEPS], params)
+            n = min(T, CHECKED_STEPS)
+            error = float(np.linalg.norm(y[:n] - y_ref) / np.linalg.norm(y_ref))
+            halstm_ms = median_ms(lambda: f(x, params), repeat)
+            torch_ms = numpy_ms = None
+            if name in ("LSTM", "GRU"):
+                numpy_ms = median_ms(lambda: numpy_loop(name, x, params), repeat)
+                module = torch_module(name, H, params)
+                if module is not None:
+                    import torch
+
+                    xt = torch.from_numpy(x)
+                    with torch.no_grad():
+                        torch_ms = median_ms(lambda: module(xt), repeat)
+            row = Row(name, T, B, H, compile_s, error, halstm_ms, torch_ms, numpy_ms)
+            log(format_row(row))
+            rows.append(row)
+    return rows
+
+
+HEADER = ("| cell | T | B | I=H | compile s | rel. error | halstm ms | torch ms | NumPy ms | "
+          "torch / halstm |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def _ms(v):
+    return "-" if v is None else f"{v:.1f}"
+
+
+def format_row(r: Row) -> str:
+    ratio = "-" if r.torch_ms is None else f"{r.torch_ms / r.halstm_ms:.2f}x"
+    return (f"| {r.cell} | {r.steps} | {r.batch} | {r.hidden} | {r.compile_s:.1f} | {r.error:.1e} | "
+            f"{r.halstm_ms:.1f} | {_ms(r.torch_ms)} | {_ms(r.numpy_ms)} | {ratio} |")
+
+
+def machine() -> str:
+    import os
+
+    return f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.system()}"
+
+
+def report(rows: list[Row]) -> str:
+    stamp = time.strftime("%Y-%m-%d")
+    lines = [f"Measured {stamp} on {machine()}; medians after warm-up, fp32, I=H.", "", HEADER]
+    return "\n".join(lines + [format_row(r) for r in rows]) + "\n"
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r.cell}\nB={r.batch} H={r.hidden}" for r in rows]
+    xs = np.arange(len(rows))
+    series = [("halstm", [r.halstm_ms for r in rows]), ("torch", [r.torch_ms for r in rows]),
+              ("NumPy loop", [r.numpy_ms for r in rows])]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
+    for i, (label, values) in enumerate(series):
+        ax.bar(xs + (i - 1) * 0.27, [v if v is not None else 0 for v in values], 0.27, label=label)
+    ax.set_xticks(xs, labels, fontsize=7, rotation=45, ha="right")
+    ax.set_ylabel(f"ms per sequence (T={rows[0].steps})")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title("halstm vs PyTorch and NumPy, CPU fp32 (lower is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
