@@ -11,8 +11,9 @@ from __future__ import annotations
 from .recipe import Recipe
 from .cpu import CpuStepLoop
 from .cuda import CudaStepLoop
+from .cuda_persistent import CudaPersistent
 
-BUILTIN = (CpuStepLoop(), CudaStepLoop())
+BUILTIN = (CpuStepLoop(), CudaPersistent(), CudaStepLoop())
 
 
 def recipes_for(program, target) -> list[Recipe]:
@@ -20,4 +21,4 @@ def recipes_for(program, target) -> list[Recipe]:
     return [r for r in BUILTIN if r.is_applicable(program, target)]
 
 
-__all__ = ["Recipe", "CpuStepLoop", "CudaStepLoop", "recipes_for", "BUILTIN"]
+__all__ = ["Recipe", "CpuStepLoop", "CudaStepLoop", "CudaPersistent", "recipes_for", "BUILTIN"]

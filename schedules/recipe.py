@@ -47,7 +47,7 @@ def is_pure_copy(sch: Schedule, block) -> bool:
     value = sch.get(block).body.value
     while type(value).__name__ == "Cast":
         value = value.value
-    return type(value).__name__ == "BufferLoad"
+    return type(value).__name__ in ("BufferLoad", "TensorLoad")  # TVM 0.27 names the class TensorLoad
 
 
 def inline_elementwise(sch: Schedule, scope) -> None:

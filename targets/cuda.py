@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import tvm
 from tvm.target import Target
+from tvm.tirx.build import split_host_device_mods, tir_to_runtime  # the module: tvm.tirx.build is its function
 
 COOPERATIVE = "tirx.use_cooperative_launch"
 
@@ -55,8 +56,8 @@ class CudaTarget:
         return tvm.cuda(0)
 
     def build(self, mod: tvm.IRModule, cooperative: bool = False):
-        """Compile ``mod``; with ``cooperative``, every kernel is launched with
-        cudaLaunchCooperativeKernel, which ``T.cuda.grid_sync()`` needs.
+        """Compile ``mod``; with ``cooperative``, every kernel that calls ``T.cuda.grid_sync()`` is
+        launched with cudaLaunchCooperativeKernel, which the grid sync needs.
 
         The flag must sit on the device function after the host/device split (an attribute on the
         PrimFunc does not reach the kernel), so this is ``tvm.tirx.build`` with one step between
@@ -67,18 +68,20 @@ class CudaTarget:
         target = self.tvm_target
         mod = tvm.tirx.transform.BindTarget(target)(mod)
         pipeline, finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(target)
-        host_mod, device_mods = tvm.tirx.build.split_host_device_mods(pipeline(mod))
+        host_mod, device_mods = split_host_device_mods(pipeline(mod))
         device_mods = {t: _mark_cooperative(m) for t, m in device_mods.items()}
         host_mod = finalize_host()(host_mod)
         device_mods = {t: finalize_device()(m) for t, m in device_mods.items()}
-        return tvm.tirx.build.tir_to_runtime(host_mod, device_mods, target.host)
+        return tir_to_runtime(host_mod, device_mods, Target(target.host))
 
 
 def _mark_cooperative(mod: tvm.IRModule) -> tvm.IRModule:
+    """Flag the kernels that call grid_sync; the others (a prologue's GEMM, with more blocks than
+    can be co-resident) keep the ordinary launch, which a cooperative one would refuse."""
     out = tvm.IRModule({}, attrs=mod.attrs)
     for gvar, func in mod.functions.items():
         params = list(func.attrs.get("tirx.kernel_launch_params", []) if func.attrs else [])
-        if COOPERATIVE not in params:
+        if COOPERATIVE not in params and "grid_sync" in func.script():
             func = func.with_attr("tirx.kernel_launch_params", params + [COOPERATIVE])
         out[gvar] = func
     return out
