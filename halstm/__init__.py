@@ -5,20 +5,33 @@
     y, states = f(x, cell.init_parameters(seed=0))            # x: (T, B, I)
 
 Where things live: cells and their language in ``halstm.cell``/``halstm.ops``/``halstm.cells``,
-the planner in ``halstm.plan``, lowering in ``halstm.lower``, the float64 oracle in
-``halstm.reference``, recipes in ``halstm.schedules`` (``schedules/``), targets in
-``halstm.targets`` (``targets/``).
+the planner in ``halstm.plan``, lowering in ``halstm.lowering``, the float64 oracle in
+``halstm.oracle``, recipes in ``halstm.schedules`` (``schedules/``), targets in
+``halstm.targets`` (``targets/``), the tuner and its database in ``halstm.tune`` and
+``halstm.database``, export and runtime-only loading in ``halstm.deploy``.
+
+Names are imported on first use, so that ``halstm.deploy`` loads modules with the TVM runtime
+alone, without the compiler library that the rest needs.
 """
 
-from .cell import Cell, Params
-from .cells import GRU, LSTM, PeepholeLSTM, ResetBeforeGRU
-from .compiler import CompiledCell, compile
-from .lower import lower
-from .ops import exp, linear, matmul, sigmoid, split, tanh
-from .plan import make_plan
-from .reference import reference
+import importlib
 
-__all__ = [
-    "Cell", "Params", "LSTM", "GRU", "PeepholeLSTM", "ResetBeforeGRU", "compile", "CompiledCell",
-    "lower", "make_plan", "reference", "matmul", "linear", "split", "sigmoid", "tanh", "exp",
-]
+_WHERE = {
+    "Cell": "cell", "Params": "cell",
+    "LSTM": "cells", "GRU": "cells", "PeepholeLSTM": "cells", "ResetBeforeGRU": "cells",
+    "compile": "compiler", "CompiledCell": "compiler",
+    "lower": "lowering", "make_plan": "plan", "reference": "oracle",
+    "matmul": "ops", "linear": "ops", "split": "ops", "sigmoid": "ops", "tanh": "ops", "exp": "ops",
+    "export": "deploy", "load": "deploy",
+    "tune": "tune",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'halstm' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value

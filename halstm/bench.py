@@ -13,7 +13,7 @@ import numpy as np
 
 from . import cells
 from .compiler import compile as compile_cell
-from .reference import reference
+from .oracle import reference
 
 DEFAULT_CELLS = ("LSTM", "GRU", "PeepholeLSTM", "ResetBeforeGRU")
 DEFAULT_SHAPES = ((100, 1, 256), (100, 16, 512), (100, 64, 512))  # (T, B, I=H)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tvm.s_tir import Schedule
 
-from halstm.lower import PackedLayout
+from halstm.lowering import PackedLayout
 
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 

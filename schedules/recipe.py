@@ -5,7 +5,7 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
 
-from halstm.lower import PackedLayout
+from halstm.lowering import PackedLayout
 
 
 class Recipe:

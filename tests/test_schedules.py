@@ -1,7 +1,7 @@
 """Recipes as rewrites: the IR before and after the CPU recipe."""
 
 import halstm
-from halstm.lower import PackedLayout
+from halstm.lowering import PackedLayout
 from halstm.schedules import CpuStepLoop, recipes_for
 from halstm.targets import CpuTarget
 

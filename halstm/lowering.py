@@ -28,18 +28,9 @@ from tvm import te
 from .cell import Cell, Params, placeholders, trace
 from .ops import plain_matmul
 from .plan import Gemm, Plan, make_plan
+from .runtime import Arg
 
 ACCUMULATE = "float32"
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One argument of the lowered function, in call order."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    role: str  # "x", "state", "param" or "output"
 
 
 @dataclass

@@ -1,0 +1,179 @@
+"""Calling a compiled sequence function: argument checks, NumPy/DLPack exchange, results.
+
+Needs only NumPy and the TVM runtime, so a module exported by ``halstm.deploy`` loads and runs
+where the TVM compiler library is absent (``TVM_USE_RUNTIME_LIB=1``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import ml_dtypes
+import numpy as np
+import tvm
+
+ALIGNMENT = 64  # bytes: what TVM-compiled code assumes of every buffer
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of the lowered function, in call order."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str  # "x", "state", "param" or "output"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """Everything a call needs to know about the compiled function (an export's sidecar keeps it)."""
+
+    cell: str
+    states: tuple[str, ...]
+    output: str
+    input_size: int
+    hidden_size: int
+    steps: int
+    batch: int
+    dtype: str
+    args: tuple[Arg, ...]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Signature:
+        args = tuple(Arg(a["name"], tuple(a["shape"]), a["dtype"], a["role"]) for a in d["args"])
+        return cls(**{**d, "states": tuple(d["states"]), "args": args})
+
+    def __str__(self):
+        return json.dumps(self.to_json())
+
+
+class SequenceFunction:
+    """A compiled sequence function. Call it as ``y, states = f(x, params, states=None)``.
+
+    x is (T, B, I); params a dict of the cell's parameters; states an optional dict of initial
+    states (B, H) by name, zeros when absent. Returns the output sequence (T, B, H) and the final
+    states by name, as NumPy arrays for NumPy inputs, or as torch tensors for torch inputs (shared
+    through DLPack, no copies). NaN or inf in the inputs are not checked: they propagate through
+    the math as in PyTorch.
+    """
+
+    def __init__(self, main, signature: Signature, device):
+        self._main, self.signature, self._device = main, signature, device
+
+    def __call__(self, x, params: dict, states: dict | None = None):
+        sig = self.signature
+        T, B, H = sig.steps, sig.batch, sig.hidden_size
+        frame = _frame(x, self._device)
+        _check(x, "x", (T, B, sig.input_size), sig.dtype)
+        names = {a.name for a in sig.args if a.role == "param"}
+        params = _check_names(params, "params", names, required=True)
+        states = _check_names(states or {}, "states", set(sig.states), required=False)
+        tensors, outputs = [], {}
+        for arg in sig.args:
+            state = arg.name[:-1]
+            if arg.role == "x":
+                t = frame.share(x.reshape(T * B, sig.input_size))
+            elif arg.role == "param":
+                _check(params[arg.name], f"params['{arg.name}']", arg.shape, arg.dtype)
+                t = frame.share(params[arg.name])
+            elif arg.role == "state" and state in states:
+                _check(states[state], f"states['{state}']", arg.shape, arg.dtype)
+                t = frame.share(states[state])
+            else:
+                t = _new(arg, self._device, zeros=arg.role == "state")
+                outputs[arg.name] = t
+            tensors.append(t)
+        self._main(*tensors)
+        seqs = {s: frame.result(outputs[f"{s}_seq"]).reshape(T + 1, B, H) for s in sig.states}
+        return seqs[sig.output][1:], {s: v[T] for s, v in seqs.items()}
+
+
+def _new(arg: Arg, device, zeros: bool):
+    if zeros:
+        return tvm.runtime.tensor(np.zeros(arg.shape, _numpy_dtype(arg.dtype)), device)
+    return tvm.runtime.empty(arg.shape, arg.dtype, device)
+
+
+def _numpy_dtype(dtype: str):
+    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def _frame(x, device):
+    if isinstance(x, np.ndarray):
+        return _NumpyFrame(device)
+    if type(x).__module__.startswith("torch"):
+        return _TorchFrame(x, device)
+    raise TypeError(f"x must be a NumPy array or a torch tensor, got {type(x).__name__}")
+
+
+def _on_cpu(device) -> bool:
+    return device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
+
+
+class _NumpyFrame:
+    """NumPy arrays: shared with a CPU target through DLPack where aligned, else copied (always for
+    bfloat16, which DLPack exchange with NumPy does not carry)."""
+
+    def __init__(self, device):
+        self.device, self.cpu = device, _on_cpu(device)
+
+    def share(self, value):
+        value = np.ascontiguousarray(value)
+        if self.cpu and value.ctypes.data % ALIGNMENT == 0 and value.dtype != ml_dtypes.bfloat16:
+            return tvm.runtime.from_dlpack(value)
+        return tvm.runtime.tensor(value, self.device)
+
+    def result(self, tensor):
+        return np.from_dlpack(tensor) if self.cpu and tensor.dtype != "bfloat16" else tensor.numpy()
+
+
+class _TorchFrame:
+    """torch tensors, shared through DLPack; they must be on the target's device."""
+
+    def __init__(self, like, device):
+        kind = "cpu" if _on_cpu(device) else "cuda"
+        if like.device.type != kind:
+            raise ValueError(f"x is on {like.device}, but the cell was compiled for {kind}")
+
+    def share(self, value):
+        value = value.detach().contiguous()
+        if value.data_ptr() % ALIGNMENT:
+            value = value.clone()
+        return tvm.runtime.from_dlpack(value)
+
+    def result(self, tensor):
+        import torch
+
+        return torch.from_dlpack(tensor)
+
+
+def _dtype_of(value) -> str:
+    return str(value.dtype).replace("torch.", "")
+
+
+def _check(value, what: str, shape: tuple, dtype: str) -> None:
+    got = tuple(int(d) for d in getattr(value, "shape", ()))
+    if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+        raise TypeError(f"{what}: expected an array of shape {shape}, got {type(value).__name__}")
+    if len(got) != len(shape):
+        raise ValueError(f"{what}: expected rank {len(shape)} with shape {shape}, got shape {got}")
+    if got != tuple(shape):
+        raise ValueError(f"{what}: expected shape {shape}, got {got} (compiled for this shape)")
+    if _dtype_of(value) != dtype:
+        raise TypeError(f"{what}: expected dtype {dtype}, got {_dtype_of(value)}")
+
+
+def _check_names(values, what: str, names: set, required: bool) -> dict:
+    if not isinstance(values, dict):
+        raise TypeError(f"{what} must be a dict by name, got {type(values).__name__}")
+    extra = set(values) - names
+    missing = names - set(values) if required else set()
+    if extra or missing:
+        parts = ([f"missing {sorted(missing)}"] if missing else []) + ([f"unexpected {sorted(extra)}"] if extra else [])
+        raise KeyError(f"{what}: {', '.join(parts)}; expected {sorted(names)}")
+    return values
