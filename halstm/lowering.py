@@ -19,6 +19,7 @@ what the last one wrote without copies.
 
 from __future__ import annotations
 
+import hashlib
 import textwrap
 from dataclasses import dataclass
 
@@ -262,3 +263,9 @@ def main({signature}):
 """
     func = tvm.script.from_source(source)
     return Program(cell, plan, steps, batch, dtype, layout, func, args)
+
+
+def cell_hash(cell: Cell) -> str:
+    """A stable hash of the cell's expressions and sizes: the text of its lowered one-step program."""
+    text = lower(cell, steps=1, batch=1).func.script()
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,109 @@
+"""Export a compiled cell to one module file and a JSON sidecar; load it with the TVM runtime alone.
+
+    halstm.export(f, "lstm.so")            # writes lstm.so and lstm.so.json
+    g = halstm.load("lstm.so")             # TVM_USE_RUNTIME_LIB=1 is enough: no compiler library
+    y, states = g(x, params)
+
+The sidecar records the cell (name and hash of its lowered expressions), the calling signature
+(shapes, dtype), the target, the recipe and knobs, and the TVM version; ``load`` checks it against
+the machine and against what the caller expects, and says what does not match.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from pathlib import Path
+
+import tvm
+
+from .runtime import SequenceFunction, Signature
+
+FORMAT = 1
+
+
+class LoadedCell(SequenceFunction):
+    """An exported sequence function, loaded; ``meta`` is its sidecar."""
+
+    def __init__(self, main, signature: Signature, device, meta: dict):
+        super().__init__(main, signature, device)
+        self.meta = meta
+
+    def __repr__(self):
+        s = self.signature
+        return f"<loaded {s.cell} T={s.steps} B={s.batch} {s.dtype} for {self.meta['target']['key']}>"
+
+
+def sidecar(path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + ".json")
+
+
+def export(compiled, path) -> Path:
+    """Write ``compiled``'s module to ``path`` (a shared library) and its metadata beside it."""
+    from .lowering import cell_hash
+
+    path = Path(path)
+    compiled.module.export_library(str(path))
+    target = compiled.target
+    meta = {
+        "format": FORMAT,
+        "cell": compiled.cell.name,
+        "cell_hash": cell_hash(compiled.cell),
+        "signature": compiled.signature.to_json(),
+        "target": {"kind": target.kind, "key": target.key, "arch": getattr(target, "arch", None)},
+        "recipe": compiled.recipe.name,
+        "knobs": compiled.knobs,
+        "tvm": tvm.__version__,
+    }
+    sidecar(path).write_text(json.dumps(meta, indent=1) + "\n")
+    return path
+
+
+def read_meta(path) -> dict:
+    meta_path = sidecar(path)
+    if not meta_path.exists():
+        raise FileNotFoundError(f"{meta_path} is missing: export writes it beside the module")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{meta_path}: format {meta.get('format')}, this halstm reads format {FORMAT}")
+    return meta
+
+
+def load(path, *, steps: int | None = None, batch: int | None = None, dtype: str | None = None) -> LoadedCell:
+    """Load an exported module. ``steps``, ``batch``, ``dtype``, when given, must match the export."""
+    meta = read_meta(path)
+    signature = Signature.from_json(meta["signature"])
+    for name, want in (("steps", steps), ("batch", batch), ("dtype", dtype)):
+        have = getattr(signature, name)
+        if want is not None and want != have:
+            raise ValueError(f"{path} was compiled for {name}={have}, not {want}")
+    device = _device(meta["target"])
+    module = tvm.runtime.load_module(str(path))
+    return LoadedCell(module["main"], signature, device, meta)
+
+
+def _device(target: dict):
+    if target["kind"] == "cpu":
+        return tvm.cpu(0)
+    if target["kind"] != "cuda":
+        raise ValueError(f"unknown target kind {target['kind']!r} in the sidecar")
+    device = _cuda_device()
+    arch = f"sm_{device.compute_version.replace('.', '')}"
+    if target["arch"] != arch:
+        raise ValueError(f"the module was compiled for {target['arch']} ({target['key']}), this GPU is {arch}")
+    return device
+
+
+def _cuda_device():
+    """The GPU, with TVM's CUDA runtime loaded: the runtime-only package does not load it itself."""
+    device = tvm.cuda(0)
+    if not device.exist:
+        lib = Path(tvm.__file__).parent / "lib" / "libtvm_runtime_cuda.so"
+        if lib.exists() and os.environ.get("TVM_USE_RUNTIME_LIB"):
+            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+            device = tvm.cuda(0)
+    if not device.exist:
+        raise RuntimeError("the module is compiled for CUDA, but no CUDA device is visible")
+    return device

@@ -1,0 +1,65 @@
+"""Export, then load and run in a process that has only the TVM runtime."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import halstm
+from conftest import TOLERANCE, random_inputs, rel_err
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    cell = halstm.PeepholeLSTM(9, 12)
+    path = tmp_path_factory.mktemp("export") / "peephole.so"
+    halstm.export(halstm.compile(cell, steps=5, batch=3), path)
+    return cell, path
+
+
+def test_sidecar_says_what_the_module_is(exported):
+    cell, path = exported
+    meta = json.loads(path.with_name(path.name + ".json").read_text())
+    assert meta["cell"] == "PeepholeLSTM" and meta["target"]["kind"] == "cpu"
+    assert meta["signature"]["steps"] == 5 and meta["signature"]["dtype"] == "float32"
+    assert meta["recipe"] == "cpu-step-loop" and len(meta["cell_hash"]) == 16
+    assert meta["cell_hash"] != halstm.lowering.cell_hash(halstm.PeepholeLSTM(9, 13))
+
+
+def test_runtime_only_process_loads_and_runs(exported, tmp_path, rng):
+    cell, path = exported
+    x, params, states = random_inputs(cell, 5, 3, rng)
+    np.savez(tmp_path / "in.npz", x=x, **{f"p_{k}": v for k, v in params.items()}, **{f"s_{k}": v for k, v in states.items()})
+    script = textwrap.dedent(f"""
+        import numpy as np, halstm.deploy as deploy
+        data = np.load({str(tmp_path / "in.npz")!r})
+        params = {{k[2:]: data[k] for k in data if k.startswith("p_")}}
+        states = {{k[2:]: data[k] for k in data if k.startswith("s_")}}
+        f = deploy.load({str(path)!r}, steps=5)
+        y, final = f(data["x"], params, states)
+        np.save({str(tmp_path / "y.npy")!r}, y)
+        maps = open("/proc/self/maps").read()
+        assert "libtvm_compiler" not in maps, "the compiler library was loaded"
+        assert "libtvm_runtime" in maps
+        print("ok", f)
+    """)
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    y_ref, _ = halstm.reference(cell, x, params, states)
+    assert rel_err(np.load(tmp_path / "y.npy"), y_ref) < TOLERANCE["float32"]
+
+
+def test_load_refuses_a_mismatch(exported, tmp_path):
+    cell, path = exported
+    with pytest.raises(ValueError, match="compiled for steps=5, not 7"):
+        halstm.load(path, steps=7)
+    with pytest.raises(FileNotFoundError, match="missing"):
+        halstm.load(tmp_path / "nothing.so")
+    f = halstm.load(path)
+    with pytest.raises(ValueError, match=r"x: expected shape \(5, 3, 9\)"):
+        f(np.ones((6, 3, 9), np.float32), cell.init_parameters(0))
