@@ -82,7 +82,9 @@ def _mark_cooperative(mod: tvm.IRModule) -> tvm.IRModule:
     for gvar, func in mod.functions.items():
         params = list(func.attrs.get("tirx.kernel_launch_params", []) if func.attrs else [])
         if COOPERATIVE not in params and "grid_sync" in func.script():
-            func = func.with_attr("tirx.kernel_launch_params", params + [COOPERATIVE])
+            # the runtime wants the dynamic-shared-memory tag last
+            dyn = [t for t in params if "dyn_shared" in t]
+            func = func.with_attr("tirx.kernel_launch_params", [t for t in params if t not in dyn] + [COOPERATIVE] + dyn)
         out[gvar] = func
     return out
 

@@ -1,0 +1,222 @@
+"""GPU benchmark, one run: check every CUDA recipe x cell x dtype against the float64 reference, then time
+halstm (each applicable recipe) against cuDNN (torch.nn.LSTM/GRU) and, for the custom cells, a torch eager
+loop and torch.compile(mode="reduce-overhead") of the same cell. Writes results.md, results.json and
+results.png into the folder given (default $OUT).
+
+    python benchmarks/gpu.py [--shapes 0,1,2] [--out DIR] [--no-compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+import halstm
+from halstm import schedules
+from halstm.targets import CudaTarget
+
+SHAPES = [(100, 1, 256), (100, 16, 512), (100, 64, 1024), (100, 256, 1024), (512, 64, 512),
+          (100, 64, 2048), (1024, 16, 768)]
+CELLS = {"LSTM": halstm.LSTM, "GRU": halstm.GRU, "PeepholeLSTM": halstm.PeepholeLSTM,
+         "ResetBeforeGRU": halstm.ResetBeforeGRU}
+TOL = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
+RECIPES = [r.name for r in schedules.BUILTIN if r.name.startswith("cuda")]
+
+
+def inputs(cell, T, B, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    bound = 1 / cell.hidden_size ** 0.5
+    dt = getattr(torch, dtype)
+    x = torch.randn(T, B, cell.input_size, generator=g).to(dt).cuda()
+    params = {n: ((torch.rand(s, generator=g) * 2 - 1) * bound).to(dt).cuda() for n, s in cell.parameters().items()}
+    states = {s: (0.5 * torch.randn(B, cell.hidden_size, generator=g)).to(dt).cuda() for s in cell.states}
+    return x, params, states
+
+
+def rel(got, want):
+    got = np.asarray(got, np.float64)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def check(target, out):
+    rows = []
+    for name, cls in CELLS.items():
+        for dtype in TOL:
+            for recipe in RECIPES:
+                cell = cls(20, 24)
+                x, p, s = inputs(cell, 3, 2, dtype, seed=int(time.time()))
+                try:
+                    f = halstm.compile(cell, 3, 2, dtype, target=target, recipe=recipe)
+                    y, fin = f(x, p, s)
+                    torch.cuda.synchronize()
+                    f64 = lambda d: {k: v.double().cpu().numpy() for k, v in d.items()}
+                    wy, ws = halstm.reference(cell, x.double().cpu().numpy(), f64(p), f64(s))
+                    err = max([rel(y.double().cpu().numpy(), wy)] + [rel(fin[k].double().cpu().numpy(), ws[k]) for k in ws])
+                    ok = err < TOL[dtype]
+                except Exception as e:  # recorded, the run goes on
+                    err, ok = str(e).splitlines()[-1][:120], False
+                rows.append((name, dtype, recipe, err, ok))
+                print("check", name, dtype, recipe, err, "PASS" if ok else "FAIL", flush=True)
+    return rows
+
+
+def timed(fn, warm=3, reps=10):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+def torch_cell(name, p):
+    """The custom cells' step in torch, from the same parameter dict."""
+    def peephole(x, h, c):
+        gi, gf, gg, go = (x @ p["weight_ih"].T + p["bias"] + h @ p["weight_hh"].T).chunk(4, 1)
+        c2 = torch.sigmoid(gf + p["peep_f"] * c) * c + torch.sigmoid(gi + p["peep_i"] * c) * torch.tanh(gg)
+        return torch.sigmoid(go + p["peep_o"] * c2) * torch.tanh(c2), c2
+
+    def reset_before(x, h):
+        xr, xz, xn = (x @ p["weight_ih"].T + p["bias"]).chunk(3, 1)
+        r = torch.sigmoid(xr + h @ p["weight_hr"].T)
+        z = torch.sigmoid(xz + h @ p["weight_hz"].T)
+        n = torch.tanh(xn + (r * h) @ p["weight_hn"].T)
+        return ((1 - z) * n + z * h,)
+
+    return {"PeepholeLSTM": peephole, "ResetBeforeGRU": reset_before}[name]
+
+
+def bench(target, shapes, use_compile, out):
+    rows = []
+    for T, B, H in shapes:
+        for name, cls in CELLS.items():
+            for dtype in ("float32", "float16"):
+                cell = cls(H, H)
+                x, p, s = inputs(cell, T, B, dtype, seed=0)
+                row = {"T": T, "B": B, "H": H, "cell": name, "dtype": dtype}
+                for recipe in RECIPES:
+                    r = next(r for r in schedules.BUILTIN if r.name == recipe)
+                    prog = halstm.lower(cell, T, B, dtype)
+                    if not r.is_applicable(prog, target):
+                        row[recipe] = None
+                        continue
+                    try:
+                        t0 = time.time()
+                        f = halstm.compile(cell, T, B, dtype, target=target, recipe=recipe)
+                        row[f"{recipe} compile s"] = round(time.time() - t0, 1)
+                        row[recipe] = timed(lambda: f(x, p, s))
+                    except Exception as e:
+                        row[recipe] = None
+                        row[f"{recipe} error"] = str(e).splitlines()[-1][:200]
+                if name in ("LSTM", "GRU"):
+                    mod = getattr(torch.nn, name)(H, H).cuda().to(getattr(torch, dtype))
+                    mod.load_state_dict({f"{k}_l0": v for k, v in p.items()})
+                    hx = (s["h"][None], s["c"][None]) if name == "LSTM" else s["h"][None]
+                    with torch.no_grad():
+                        row["cudnn"] = timed(lambda: mod(x, hx))
+                else:
+                    step = torch_cell(name, p)
+
+                    def loop(step=step):
+                        st = tuple(s[k] for k in cell.states)
+                        ys = []
+                        for t in range(T):
+                            st = step(x[t], *st)
+                            ys.append(st[0])
+                        return torch.stack(ys)
+
+                    with torch.no_grad():
+                        row["eager"] = timed(loop, warm=1, reps=3)
+                        if use_compile:
+                            t0 = time.time()
+                            comp = torch.compile(loop, mode="reduce-overhead")
+                            comp(); comp()
+                            row["compile s"] = round(time.time() - t0, 1)
+                            row["torch.compile"] = timed(comp)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                with open(os.path.join(out, "results.json"), "w") as fh:
+                    json.dump(rows, fh)
+    return rows
+
+
+def ms(v):
+    return "-" if v is None else f"{v:.3f}"
+
+
+def table(rows, device):
+    cudnn = {(r["T"], r["B"], r["H"], r["dtype"], r["cell"]): r.get("cudnn") for r in rows}
+    lines = [f"GPU: {device}", "",
+             "| T | B | H | cell | dtype | " + " | ".join(f"{r} ms" for r in RECIPES)
+             + " | best us/step | cuDNN ms | eager ms | torch.compile ms | ratio cuDNN/best | halstm compile s |",
+             "|" + "---|" * (9 + len(RECIPES))]
+    for r in rows:
+        ours = [r.get(k) for k in RECIPES if r.get(k) is not None]
+        best = min(ours) if ours else None
+        base = r.get("cudnn") or r.get("torch.compile")
+        ratio = f"{base / best:.2f}" if base and best else "-"
+        comp = max([r.get(f"{k} compile s", 0) for k in RECIPES])
+        step_us = "-" if best is None else f"{1000 * best / r['T']:.1f}"
+        lines.append(f"| {r['T']} | {r['B']} | {r['H']} | {r['cell']} | {r['dtype']} | "
+                     + " | ".join(ms(r.get(k)) for k in RECIPES)
+                     + f" | {step_us} | {ms(r.get('cudnn'))} | "
+                     f"{ms(r.get('eager'))} | {ms(r.get('torch.compile'))} | {ratio} | {comp} |")
+    return "\n".join(lines) + "\n\nratio: cuDNN time (LSTM/GRU) or torch.compile time (custom cells) over halstm's best; > 1 is faster.\n"
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    labels, series = [], {k: [] for k in RECIPES + ["cudnn", "torch.compile"]}
+    for r in rows:
+        labels.append(f"{r['cell'][:5]} {r['dtype'][5:]}\n{r['T']},{r['B']},{r['H']}")
+        for k in series:
+            series[k].append(1000 * r[k] / r["T"] if r.get(k) else np.nan)
+    xs = np.arange(len(labels))
+    w = 0.8 / len(series)
+    for i, (k, v) in enumerate(series.items()):
+        ax.bar(xs + i * w, v, w, label=k)
+    ax.set_xticks(xs + 0.4, labels, fontsize=5, rotation=90)
+    ax.set_yscale("log")
+    ax.set_ylabel("us per step")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=",".join(map(str, range(len(SHAPES)))))
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+    target = CudaTarget.detect()
+    print(target, flush=True)
+    checks = check(target, args.out)
+    rows = bench(target, [SHAPES[int(i)] for i in args.shapes.split(",")], not args.no_compile, args.out)
+    text = "## Correctness (T=3, B=2, I=20, H=24, relative norm error vs float64)\n\n| cell | dtype | recipe | error | ok |\n|---|---|---|---|---|\n"
+    text += "\n".join(f"| {a} | {b} | {c} | {d if isinstance(d, str) else f'{d:.1e}'} | {e} |" for a, b, c, d, e in checks)
+    text += "\n\n## Timing (median of 10 after warm-up, CUDA events; eager: median of 3)\n\n" + table(rows, target.name)
+    with open(os.path.join(args.out, "results.md"), "w") as fh:
+        fh.write(text)
+    plot(rows, os.path.join(args.out, "results.png"))
+    print(text)
+    return 0 if all(c[-1] for c in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
