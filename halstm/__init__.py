@@ -7,7 +7,7 @@
 Where things live: cells and their language in ``halstm.cell``/``halstm.ops``/``halstm.cells``,
 the planner in ``halstm.plan``, lowering in ``halstm.lowering``, the float64 oracle in
 ``halstm.oracle``, recipes in ``halstm.schedules`` (``schedules/``), targets in
-``halstm.targets`` (``targets/``), the tuner and its database in ``halstm.tune`` and
+``halstm.targets`` (``targets/``), the tuner and its database in ``halstm.tuner`` and
 ``halstm.database``, export and runtime-only loading in ``halstm.deploy``.
 
 Names are imported on first use, so that ``halstm.deploy`` loads modules with the TVM runtime
@@ -23,7 +23,7 @@ _WHERE = {
     "lower": "lowering", "make_plan": "plan", "reference": "oracle",
     "matmul": "ops", "linear": "ops", "split": "ops", "sigmoid": "ops", "tanh": "ops", "exp": "ops",
     "export": "deploy", "load": "deploy",
-    "tune": "tune",
+    "tune": "tuner",
 }
 
 __all__ = sorted(_WHERE)

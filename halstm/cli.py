@@ -1,8 +1,10 @@
-"""The ``halstm`` command."""
+"""The ``halstm`` command: bench, tune, export, info."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 from pathlib import Path
 
 
@@ -14,15 +16,43 @@ def _shape(text: str) -> tuple[int, int, int]:
     return T, B, H
 
 
+def _cell_type(text: str):
+    """A built-in cell name, or module:Class for one of your own."""
+    from .cells import BUILTIN
+
+    if text in BUILTIN:
+        return BUILTIN[text]
+    module, _, name = text.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a built-in cell ({', '.join(sorted(BUILTIN))}) nor module:Class"
+        ) from None
+
+
+def _add_problem(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cell", type=_cell_type, required=True,
+                   help="LSTM, GRU, PeepholeLSTM, ResetBeforeGRU, or module:Class for your own cell")
+    p.add_argument("--input-size", type=int, required=True, help="I: features of x")
+    p.add_argument("--hidden-size", type=int, required=True, help="H: size of each state")
+    p.add_argument("--steps", type=int, required=True, help="T: sequence length compiled for")
+    p.add_argument("--batch", type=int, required=True, help="B: sequences per call")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--target", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--database", type=Path, default=None,
+                   help="tuning records (default: $HALSTM_TUNING_DB or ~/.cache/halstm/tuning.jsonl)")
+
+
 def main(argv=None) -> int:
     from . import bench
     from .cells import BUILTIN
 
-    parser = argparse.ArgumentParser(prog="halstm", description="Recurrent cells compiled by TVM.")
+    parser = argparse.ArgumentParser(prog="halstm", description="Recurrent cells written as math, compiled by TVM.")
     sub = parser.add_subparsers(dest="command", required=True)
+
     b = sub.add_parser(
-        "bench",
-        help="compile built-in cells, check them, time them against PyTorch and NumPy",
+        "bench", help="compile built-in cells, check them, time them against PyTorch and NumPy",
         description="Compiles each cell at each shape, checks it against the float64 reference, times "
         "it side by side with torch.nn.LSTM/GRU and a NumPy loop (medians after warm-up), prints a "
         "markdown table and writes it with a plot to --out.",
@@ -33,7 +63,36 @@ def main(argv=None) -> int:
                    metavar="T,B,H", help="sequence length, batch, input=hidden size")
     b.add_argument("--repeat", type=int, default=5, help="timed runs per measurement (median)")
     b.add_argument("--out", type=Path, default=Path("bench-results"), help="where the table and plot go")
+
+    t = sub.add_parser(
+        "tune", help="search recipes and knobs for one cell and shape; record them",
+        description="Measures candidate schedules (recipe x knobs) on this machine, each checked against "
+        "the float64 reference, and appends every result to the tuning database. Interrupted, it "
+        "resumes where it stopped. halstm.compile and halstm export then use the best record.",
+    )
+    _add_problem(t)
+    t.add_argument("--trials", type=int, default=24, help="candidates to try in all (default 24)")
+    t.add_argument("--timeout", type=float, default=300, help="seconds before a candidate counts as hung")
+
+    e = sub.add_parser(
+        "export", help="compile one cell and shape to a module file for deployment",
+        description="Compiles (with the best tuning record, if any) and writes OUT plus OUT.json, its "
+        "metadata. halstm.load(OUT) runs it with the TVM runtime alone.",
+    )
+    _add_problem(e)
+    e.add_argument("-o", "--out", type=Path, required=True, help="the module file to write (e.g. lstm.so)")
+
+    i = sub.add_parser("info", help="what an exported module or a tuning database holds",
+                       description="For a module: its metadata. For a .jsonl database: each tuned "
+                       "problem with its best record and how many candidates were measured.")
+    i.add_argument("path", type=Path)
+
     args = parser.parse_args(argv)
+    return {"bench": _bench, "tune": _tune, "export": _export, "info": _info}[args.command](args)
+
+
+def _bench(args) -> int:
+    from . import bench
 
     print(bench.HEADER)
     rows = bench.run(args.cells, args.shapes, args.target, args.repeat)
@@ -41,6 +100,52 @@ def main(argv=None) -> int:
     (args.out / "results.md").write_text(bench.report(rows))
     bench.plot(rows, args.out / "results.png")
     print(f"\nwrote {args.out / 'results.md'} and {args.out / 'results.png'}")
+    return 0
+
+
+def _tune(args) -> int:
+    from .tuner import tune
+
+    cell = args.cell(args.input_size, args.hidden_size)
+    best = tune(cell, args.steps, args.batch, args.dtype, args.target, database=args.database,
+                trials=args.trials, timeout=args.timeout)
+    if best is None:
+        print("no candidate succeeded")
+        return 1
+    print(f"best: {best.recipe} {best.knobs} {best.ms:.3f} ms")
+    return 0
+
+
+def _export(args) -> int:
+    from .compiler import compile as compile_cell
+    from .deploy import export
+
+    cell = args.cell(args.input_size, args.hidden_size)
+    f = compile_cell(cell, args.steps, args.batch, args.dtype, args.target, database=args.database)
+    export(f, args.out)
+    print(f"wrote {args.out} and {args.out}.json: {f!r}")
+    return 0
+
+
+def _info(args) -> int:
+    from .database import Database
+    from .deploy import read_meta
+
+    if args.path.suffix == ".jsonl":
+        records = Database(args.path).records()
+        keys = {json.dumps(r.key, sort_keys=True) for r in records}
+        print(f"{args.path}: {len(records)} records, {len(keys)} problems")
+        for key in sorted(keys):
+            mine = [r for r in records if json.dumps(r.key, sort_keys=True) == key]
+            best = Database(args.path).best(json.loads(key))
+            k = json.loads(key)
+            head = (f"{k['cell']} I={k['input_size']} H={k['hidden_size']} T={k['steps']} B={k['batch']} "
+                    f"{k['dtype']} on {k['target']}")
+            failed = sum(r.ms is None for r in mine)
+            verdict = f"best {best.ms:.3f} ms: {best.recipe} {best.knobs}" if best else "no success"
+            print(f"  {head}: {len(mine)} measured ({failed} failed), {verdict}")
+    else:
+        print(json.dumps(read_meta(args.path), indent=1))
     return 0
 
 

@@ -20,11 +20,14 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     target="cpu",
     recipe=None,
     knobs: dict | None = None,
+    database=None,
 ) -> CompiledCell:
     """Compile ``cell`` for sequences of ``steps`` steps and ``batch`` rows.
 
     ``target`` is "cpu", "cuda" or a ``halstm.targets`` object; ``recipe`` a recipe (or its name)
-    from ``halstm.schedules``, by default the first that applies; ``knobs`` overrides its defaults.
+    from ``halstm.schedules``, ``knobs`` overrides its defaults. Given neither, the best record of
+    the tuning database (``database``: a path or ``halstm.database.Database``; False to skip it)
+    decides, else the first recipe that applies with its default knobs.
     """
     from halstm import schedules, targets
 
@@ -38,6 +41,10 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     plan = make_plan(cell)
     program = lower(cell, int(steps), int(batch), dtype, plan)
     candidates = schedules.recipes_for(program, target)
+    if recipe is None and knobs is None and database is not False:
+        best = _tuned(cell, int(steps), int(batch), dtype, target, database)
+        if best is not None:
+            recipe, knobs = best.recipe, best.knobs
     if recipe is None:
         if not candidates:
             raise ValueError(f"no built-in recipe applies to {cell!r} on {target}")
@@ -56,6 +63,17 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
         raise ValueError(f"recipe '{recipe.name}' does not apply to {cell!r} on {target}")
     module = target.build(schedule.mod, **getattr(recipe, "build_options", {}))
     return CompiledCell(program, target, recipe, knobs, schedule, module)
+
+
+def _tuned(cell, steps, batch, dtype, target, database):
+    from .database import Database, tuning_key
+
+    db = database if isinstance(database, Database) else Database(database)
+    if not db.path.exists():
+        return None
+    from halstm.schedules import BUILTIN
+
+    return db.best(tuning_key(cell, steps, batch, dtype, target), {r.name for r in BUILTIN})
 
 
 class CompiledCell(SequenceFunction):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
 
@@ -27,6 +29,17 @@ class Recipe:
     def defaults(self, program, target) -> dict:
         """The knob values used without tuning (the first candidate of each)."""
         return {k: v[0] for k, v in self.knobs.items()}
+
+    def valid(self, program, target, knobs: dict) -> bool:
+        """Whether a knob setting can work here (shared memory, co-residency, divisibility): the
+        tuner prunes the others before measuring."""
+        return True
+
+    def space(self, program, target) -> list[dict]:
+        """Every valid knob setting."""
+        names = list(self.knobs)
+        settings = (dict(zip(names, values)) for values in itertools.product(*self.knobs.values()))
+        return [k for k in settings if self.valid(program, target, k)]
 
     def resolve(self, program, target, knobs: dict | None) -> dict:
         unknown = set(knobs or {}) - set(self.knobs)

@@ -16,7 +16,10 @@ from tvm.tirx import op as tirx_op
 _CEPHES = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
 
 
-def _exp_f32(x):
+def _exp_f32(value):
+    # x is used several times below: bound once, or nested activations (tanh of an expression
+    # holding tanh...) grow exponentially when inlined; a cell with one extra tanh took 25 s to build
+    x = tirx.Var("exp_arg", value.ty)
     f = lambda v: tirx.const(v, "float32")  # noqa: E731
     clamped = tirx.max(tirx.min(x, f(88.0)), f(-87.0))  # 2**n stays a normal float
     n = tirx_op.floor(clamped * f(1.44269504088896341) + f(0.5))
@@ -27,7 +30,7 @@ def _exp_f32(x):
     y = poly * r * r + r + f(1.0)
     lanes = str(x.ty)[len("float32"):]  # "" or "x8"
     scale = tirx_op.reinterpret("float32" + lanes, (n.astype("int32" + lanes) + 127) << 23)
-    return tirx.Select(tirx_op.isnan(x), x, y * scale)
+    return tirx.Let(x, value, tirx.Select(tirx_op.isnan(x), x, y * scale))
 
 
 def _lower_exp(call):

@@ -33,3 +33,9 @@ def random_inputs(cell, steps, batch, rng, dtype="float32"):
 
 def upcast(values: dict):
     return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}
+
+
+@pytest.fixture(autouse=True)
+def private_tuning_database(tmp_path, monkeypatch):
+    """No test reads or writes the user's tuning records."""
+    monkeypatch.setenv("HALSTM_TUNING_DB", str(tmp_path / "tuning.jsonl"))

@@ -1,0 +1,219 @@
+"""The autotuner: measures recipe choices and knob settings for one cell, shape, dtype and target.
+
+Each candidate is compiled, checked against the float64 reference and timed (median after warm-up)
+in a worker process, so that one that crashes, hangs or corrupts memory costs a restart, not the
+tuning run. Every result, failures included, is appended to the database at once: an interrupted
+run resumes where it stopped, and ``halstm.compile`` picks up the best record by itself.
+
+Split with TVM's meta_schedule: meta_schedule searches the schedule of one operator; the choice here
+is across whole-sequence strategies (step loop or persistent kernel) whose knobs also change the
+lowering (the packed weight layout), which its search space cannot express. So halstm enumerates
+its own recipes' knobs, small grids that the recipes prune, and measures whole sequences.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import select
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import cloudpickle
+import numpy as np
+
+from .database import Database, Record, candidate_id, tuning_key
+
+TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
+
+
+@dataclass
+class Job:
+    cell: object
+    steps: int
+    batch: int
+    dtype: str
+    target: object
+    recipe: object  # a Recipe
+    knobs: dict
+    inputs: tuple  # x, params, states
+    expected: np.ndarray  # float64 output sequence
+    repeat: int
+
+
+def measure(job: Job) -> tuple[float | None, str | None]:
+    """Compile, check and time one candidate: (median ms, None) or (None, why it failed)."""
+    from .compiler import compile as compile_cell
+
+    f = compile_cell(job.cell, job.steps, job.batch, job.dtype, job.target, job.recipe, job.knobs)
+    x, params, states = job.inputs
+    y, _ = f(x, params, states)
+    y = np.asarray(y, dtype=np.float64)
+    error = float(np.linalg.norm(y - job.expected) / np.linalg.norm(job.expected))
+    if not error < TOLERANCE[job.dtype]:
+        return None, f"wrong result: relative error {error:.2e}"
+    run = f.prepare(x, params, states)
+    for _ in range(2):
+        run()
+    times = []
+    for _ in range(job.repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times), None
+
+
+class _Worker:
+    """A ``python -m halstm.tuner`` process that measures candidates sent on its stdin; restarted
+    when one hangs or kills it. Jobs travel with cloudpickle, so cells defined in a script's
+    ``__main__`` or a notebook travel by value."""
+
+    def __init__(self):
+        self._start()
+
+    def _start(self):
+        # the parent's import path, as multiprocessing's spawn passes it: classes pickled by
+        # reference (a cell or recipe in a test module, say) import there too
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.process = subprocess.Popen([sys.executable, "-m", "halstm.tuner"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, env=env)
+
+    def run(self, job: Job, timeout: float):
+        try:
+            _send(self.process.stdin, job)
+            ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+            if ready:
+                return _receive(self.process.stdout)
+            reason = f"timed out after {timeout:.0f} s"
+        except (EOFError, OSError):
+            reason = f"the worker died (exit code {self.process.poll()})"
+        self.close()
+        self._start()
+        return None, reason
+
+    def close(self):
+        self.process.kill()
+        self.process.wait()
+
+
+def _send(stream, value) -> None:
+    data = cloudpickle.dumps(value)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream):
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError
+    return cloudpickle.loads(stream.read(struct.unpack("<Q", head)[0]))
+
+
+def _serve() -> None:
+    """The worker's loop: measure each job, answer (ms, None) or (None, why)."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # whatever a compile prints must not corrupt the answers
+    while True:
+        try:
+            job = _receive(stdin)
+        except EOFError:
+            return
+        try:
+            answer = measure(job)
+        except Exception as e:  # a candidate that does not compile or launch: recorded, skipped
+            last = (str(e).strip().splitlines() or [""])[-1]
+            answer = (None, f"{type(e).__name__}: {last[:300]}")
+        _send(stdout, answer)
+
+
+def candidates(program, target, recipes, limit: int | None, seed: int = 0) -> list[tuple[object, dict]]:
+    """Every valid (recipe, knobs) of the applicable recipes; defaults first, then a fixed shuffle."""
+    out = []
+    for recipe in (r for r in recipes if r.is_applicable(program, target)):
+        space = recipe.space(program, target)
+        default = recipe.defaults(program, target)
+        rest = [k for k in space if k != default]
+        random.Random(seed).shuffle(rest)
+        out.append([(recipe, k) for k in [default, *rest]])
+    # interleave the recipes, so that a short budget still tries each
+    merged = [c for group in _zip_longest(out) for c in group]
+    return merged[:limit] if limit else merged
+
+
+def _zip_longest(groups):
+    for i in range(max((len(g) for g in groups), default=0)):
+        yield [g[i] for g in groups if i < len(g)]
+
+
+def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, database=None,
+         recipes=None, trials: int | None = 24, repeat: int = 5, timeout: float = 300.0, seed: int = 0,
+         log=None) -> Record | None:
+    """Tune ``cell`` for this shape, dtype and target; returns the best record (None if all failed).
+
+    ``recipes`` are the recipes to search (the built-in ones by default; a user's own recipe
+    objects work too). Candidates already in the database for this key are not measured again (so
+    a run resumes); ``trials`` bounds how many are tried in total. ``timeout`` (seconds) ends a
+    candidate that hangs.
+    """
+    from halstm import schedules, targets
+
+    from .lowering import lower
+    from .oracle import reference
+
+    log = log or _Progress()
+    target = targets.resolve(target)
+    db = database if isinstance(database, Database) else Database(database)
+    key = tuning_key(cell, steps, batch, dtype, target)
+    program = lower(cell, steps, batch, dtype)
+    planned = candidates(program, target, recipes or schedules.BUILTIN, trials, seed)
+    done = db.measured(key)
+    todo = [(r, k) for r, k in planned if candidate_id(r.name, k) not in done]
+    if not todo:
+        log(f"all {len(planned)} candidates already measured in {db.path}")
+        return db.best(key)
+
+    rng = np.random.default_rng(seed)
+    x, params, states = _inputs(cell, steps, batch, dtype, rng)
+    expected, _ = reference(cell, x, params, states)
+    worker = _Worker()
+    try:
+        for i, (recipe, knobs) in enumerate(todo, 1):
+            job = Job(cell, steps, batch, dtype, target, recipe, knobs, (x, params, states), expected, repeat)
+            ms, error = worker.run(job, timeout)
+            db.append(Record(key, recipe.name, knobs, ms, error))
+            best = db.best(key)
+            log(f"[{i + len(planned) - len(todo)}/{len(planned)}] {recipe.name} {knobs}: "
+                + (f"{ms:.3f} ms" if ms is not None else f"failed ({error})")
+                + (f" | best {best.ms:.3f} ms ({best.recipe} {best.knobs})" if best else ""))
+    finally:
+        worker.close()
+    return db.best(key)
+
+
+def _inputs(cell, steps, batch, dtype, rng):
+    from .runtime import numpy_dtype
+
+    cast = numpy_dtype(dtype)
+    x = rng.standard_normal((steps, batch, cell.input_size)).astype(cast)
+    params = {k: v.astype(cast) for k, v in cell.init_parameters(seed=int(rng.integers(1 << 31))).items()}
+    states = {s: (0.5 * rng.standard_normal((batch, cell.hidden_size))).astype(cast) for s in cell.states}
+    return x, params, states
+
+
+class _Progress:
+    """A progress line on stderr: the bar, the candidate, the best so far."""
+
+    def __call__(self, text: str):
+        if text.startswith("["):
+            done, total = (int(v) for v in text[1:text.index("]")].split("/"))
+            bar = "#" * (20 * done // total)
+            text = f"|{bar:<20}| {text}"
+        print(text, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    _serve()
