@@ -98,7 +98,7 @@ def test_reader_survives_a_torn_last_line(tmp_path):
         assert [r.ms for r in db.records(key)] == [2.0, 1.0, 0.5]
     with pytest.warns(UserWarning):
         assert db.best(key).knobs == {"rows": 8}
-    assert db.best({"cell": "LSTM"}) is None
+        assert db.best({"cell": "LSTM"}) is None
 
 
 def test_info_summarises_a_database(tmp_path, capsys):
