@@ -9,7 +9,7 @@ units (every gate of each unit) into shared memory once, then per step and stage
     fused elementwise (its units) the expression of the cell's own block, printed from the step program
     grid sync                     before the next stage's GEMM and at the end of the step
 
-The step's math is not written here: the step program of ``halstm.lower`` is scheduled only to inline
+The step's math is not written here: the step program of ``halstm.lowering`` is scheduled only to inline
 its elementwise math (``inline_elementwise``), and each block's expression is re-indexed onto the
 block's units. The prologue (hoisted input GEMM, weight packing, state copies) keeps the step-loop
 recipe's schedule.
@@ -23,7 +23,7 @@ import re
 import tvm
 from tvm.s_tir import Schedule
 
-from halstm.lower import ACCUMULATE, _body, _prologue, _view
+from halstm.lowering import ACCUMULATE, _body, _prologue, _view
 
 from .cuda import CudaStepLoop, _bind_flat, _gemm_tiles
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
