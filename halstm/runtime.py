@@ -6,6 +6,7 @@ where the TVM compiler library is absent (``TVM_USE_RUNTIME_LIB=1``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass
 
@@ -66,6 +67,12 @@ class SequenceFunction:
         self._main, self.signature, self._device = main, signature, device
 
     def __call__(self, x, params: dict, states: dict | None = None):
+        seqs = self.sequences(x, params, states)
+        T = self.signature.steps
+        return seqs[self.signature.output][1:], {s: v[T] for s, v in seqs.items()}
+
+    def sequences(self, x, params: dict, states: dict | None = None) -> dict:
+        """Every state at every step: (T + 1, B, H) by name, the initial state first."""
         run, finish = self._bind(x, params, states)
         run()
         return finish()
@@ -106,10 +113,13 @@ class SequenceFunction:
             tensors.append(t)
 
         def finish():
-            seqs = {s: frame.result(outputs[f"{s}_seq"]).reshape(T + 1, B, H) for s in sig.states}
-            return seqs[sig.output][1:], {s: v[T] for s, v in seqs.items()}
+            return {s: frame.result(outputs[f"{s}_seq"]).reshape(T + 1, B, H) for s in sig.states}
 
-        return lambda: self._main(*tensors), finish
+        def run():
+            with frame.stream():
+                self._main(*tensors)
+
+        return run, finish
 
 
 def _new(arg: Arg, device, zeros: bool):
@@ -150,6 +160,9 @@ class _NumpyFrame:
     def result(self, tensor):
         return np.from_dlpack(tensor) if self.cpu and tensor.dtype != "bfloat16" else tensor.numpy()
 
+    def stream(self):
+        return contextlib.nullcontext()
+
 
 class _TorchFrame:
     """torch tensors, shared through DLPack; they must be on the target's device."""
@@ -158,6 +171,7 @@ class _TorchFrame:
         kind = "cpu" if _on_cpu(device) else "cuda"
         if like.device.type != kind:
             raise ValueError(f"x is on {like.device}, but the cell was compiled for {kind}")
+        self.cuda = kind == "cuda"
 
     def share(self, value):
         value = value.detach().contiguous()
@@ -169,6 +183,14 @@ class _TorchFrame:
         import torch
 
         return torch.from_dlpack(tensor)
+
+    def stream(self):
+        """Kernels go on torch's current CUDA stream, ordered with the torch work around them."""
+        if self.cuda:
+            import tvm_ffi
+
+            return tvm_ffi.use_torch_stream()
+        return contextlib.nullcontext()
 
 
 def _dtype_of(value) -> str:
