@@ -1,0 +1,36 @@
+"""Compile cells for an H100/H200 (sm_90, 132 SMs) on a machine without a GPU, export them with
+inputs and float64 expected outputs: ``benchmarks/gpu_deploy.py`` loads and checks them on the GPU
+with the TVM runtime alone.
+
+    python benchmarks/export_for_gpu.py build-gpu
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import halstm
+from halstm.targets import CudaTarget
+
+CASES = [(halstm.LSTM, 100, 1, 256), (halstm.PeepholeLSTM, 100, 16, 512)]  # (cell, T, B, I=H)
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    target = CudaTarget("sm_90", sms=132)
+    rng = np.random.default_rng()
+    for cell_type, T, B, H in CASES:
+        cell = cell_type(H, H)
+        f = halstm.compile(cell, T, B, target=target, database=False)
+        name = f"{cell.name}-T{T}-B{B}-H{H}"
+        halstm.export(f, out / f"{name}.so")
+        x = rng.standard_normal((T, B, H)).astype(np.float32)
+        params = cell.init_parameters(seed=int(rng.integers(1 << 31)))
+        y, _ = halstm.reference(cell, x, params)
+        np.savez(out / f"{name}.npz", x=x, expected=y, **{f"p_{k}": v for k, v in params.items()})
+        print(f"exported {name} with {f.recipe.name} {f.knobs}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "build-gpu"))
