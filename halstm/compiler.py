@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from halstm import schedules, targets
+
 from .cell import Cell, check_cell
+from .database import Database, tuning_key
 from .lowering import Program, lower
 from .plan import make_plan
 from .runtime import SequenceFunction, Signature
@@ -29,8 +32,6 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     the tuning database (``database``: a path or ``halstm.database.Database``; False to skip it)
     decides, else the first recipe that applies with its default knobs.
     """
-    from halstm import schedules, targets
-
     check_cell(cell)
     for name, value in (("steps", steps), ("batch", batch)):
         if not isinstance(value, (int, np.integer)) or value < 1:
@@ -66,14 +67,11 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
 
 
 def _tuned(cell, steps, batch, dtype, target, database):
-    from .database import Database, tuning_key
-
+    """The best record for this problem among the built-in recipes (those compile can name)."""
     db = database if isinstance(database, Database) else Database(database)
     if not db.path.exists():
         return None
-    from halstm.schedules import BUILTIN
-
-    return db.best(tuning_key(cell, steps, batch, dtype, target), {r.name for r in BUILTIN})
+    return db.best(tuning_key(cell, steps, batch, dtype, target), {r.name for r in schedules.BUILTIN})
 
 
 class CompiledCell(SequenceFunction):
