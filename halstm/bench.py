@@ -63,14 +63,25 @@ def numpy_loop(name: str, x, p):
     return h
 
 
-def torch_module(name: str, size: int, p):
+def torch_timer(name: str, size: int, p, x, device: str, repeat: int):
+    """The median ms of torch.nn.LSTM/GRU on the same weights and input (cuDNN on a GPU), or None
+    without torch."""
     try:
         import torch
     except ImportError:
         return None
     module = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU}[name](size, size)
     module.load_state_dict({f"{k}_l0": torch.from_numpy(v) for k, v in p.items()})
-    return module.eval()
+    module = module.eval().to(device)
+    xt = torch.from_numpy(x).to(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def run():
+        module(xt)
+        sync()
+
+    with torch.no_grad():
+        return median_ms(run, repeat)
 
 
 def run(cell_names=DEFAULT_CELLS, shapes=DEFAULT_SHAPES, target="cpu", repeat=5, seed=None, log=print):
@@ -88,17 +99,11 @@ def run(cell_names=DEFAULT_CELLS, shapes=DEFAULT_SHAPES, target="cpu", repeat=5,
             y_ref, _ = reference(cell, x[:CHECKED_STEPS], params)
             n = min(T, CHECKED_STEPS)
             error = float(np.linalg.norm(y[:n] - y_ref) / np.linalg.norm(y_ref))
-            halstm_ms = median_ms(lambda: f(x, params), repeat)
+            halstm_ms = median_ms(f.prepare(x, params), repeat)  # arguments on the device beforehand
             torch_ms = numpy_ms = None
             if name in ("LSTM", "GRU"):
                 numpy_ms = median_ms(lambda: numpy_loop(name, x, params), repeat)
-                module = torch_module(name, H, params)
-                if module is not None:
-                    import torch
-
-                    xt = torch.from_numpy(x)
-                    with torch.no_grad():
-                        torch_ms = median_ms(lambda: module(xt), repeat)
+                torch_ms = torch_timer(name, H, params, x, f.target.kind, repeat)
             row = Row(name, T, B, H, compile_s, error, halstm_ms, torch_ms, numpy_ms)
             log(format_row(row))
             rows.append(row)
@@ -110,13 +115,13 @@ HEADER = ("| cell | T | B | I=H | compile s | rel. error | halstm ms | torch ms 
 
 
 def _ms(v):
-    return "-" if v is None else f"{v:.1f}"
+    return "-" if v is None else f"{v:.3g}"
 
 
 def format_row(r: Row) -> str:
     ratio = "-" if r.torch_ms is None else f"{r.torch_ms / r.halstm_ms:.2f}x"
     return (f"| {r.cell} | {r.steps} | {r.batch} | {r.hidden} | {r.compile_s:.1f} | {r.error:.1e} | "
-            f"{r.halstm_ms:.1f} | {_ms(r.torch_ms)} | {_ms(r.numpy_ms)} | {ratio} |")
+            f"{_ms(r.halstm_ms)} | {_ms(r.torch_ms)} | {_ms(r.numpy_ms)} | {ratio} |")
 
 
 def machine() -> str:
