@@ -25,7 +25,7 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import ACCUMULATE, _body, _prologue, _view
 
-from .cuda import CudaStepLoop, _bind_flat, _gemm_tiles
+from .cuda import CudaStepLoop, _bind_flat, gemm_tiled
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -52,7 +52,7 @@ class CudaPersistent(Recipe):
         inline_elementwise(sch, sch.get_sblock("prologue"))
         gemms, others = child_blocks(sch, "prologue")
         for gemm in gemms:
-            _gemm_tiles(sch, gemm, step["threads"], step["k_chunk"])
+            gemm_tiled(sch, gemm, step)
         for block in others:
             _bind_flat(sch, block, step["threads"])
         return sch
