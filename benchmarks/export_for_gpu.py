@@ -1,6 +1,6 @@
 """Compile cells for an H100/H200 (sm_90, 132 SMs) on a machine without a GPU, export them with
-inputs and float64 expected outputs: ``benchmarks/gpu_deploy.py`` loads and checks them on the GPU
-with the TVM runtime alone.
+a seed for their inputs and the float64 reference's outputs: ``benchmarks/gpu_deploy.py`` loads
+and checks them on the GPU with the TVM runtime alone.
 
     python benchmarks/export_for_gpu.py build-gpu
 """
@@ -13,7 +13,9 @@ import numpy as np
 import halstm
 from halstm.targets import CudaTarget
 
-CASES = [(halstm.LSTM, 100, 1, 256), (halstm.PeepholeLSTM, 100, 16, 512)]  # (cell, T, B, I=H)
+from gpu_deploy import inputs  # noqa: E402 (beside this script)
+
+CASES = [(halstm.LSTM, 100, 1, 256), (halstm.PeepholeLSTM, 50, 16, 256)]  # (cell, T, B, I=H)
 
 
 def main(out: Path) -> None:
@@ -25,10 +27,9 @@ def main(out: Path) -> None:
         f = halstm.compile(cell, T, B, target=target, database=False)
         name = f"{cell.name}-T{T}-B{B}-H{H}"
         halstm.export(f, out / f"{name}.so")
-        x = rng.standard_normal((T, B, H)).astype(np.float32)
-        params = cell.init_parameters(seed=int(rng.integers(1 << 31)))
-        y, _ = halstm.reference(cell, x, params)
-        np.savez(out / f"{name}.npz", x=x, expected=y, **{f"p_{k}": v for k, v in params.items()})
+        seed = int(rng.integers(1 << 31))
+        y, _ = halstm.reference(cell, *inputs(f.signature, seed))
+        np.savez(out / f"{name}.npz", seed=seed, expected=y.astype(np.float32))
         print(f"exported {name} with {f.recipe.name} {f.knobs}")
 
 

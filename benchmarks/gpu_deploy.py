@@ -1,5 +1,6 @@
 """On the GPU machine, with the TVM runtime alone: load the modules ``export_for_gpu.py`` wrote on a
-CPU-only machine, run them, compare with the float64 results it stored.
+CPU-only machine, run them on inputs made from a stored seed, compare with the float64 outputs it
+stored.
 
     TVM_USE_RUNTIME_LIB=1 python benchmarks/gpu_deploy.py build-gpu
 """
@@ -12,17 +13,26 @@ import numpy as np
 import halstm.deploy as deploy
 
 
+def inputs(signature, seed: int):
+    """x and parameters for a module's signature, the same on both machines for the same seed."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((signature.steps, signature.batch, signature.input_size)).astype(np.float32)
+    bound = 1 / np.sqrt(signature.hidden_size)
+    params = {a.name: rng.uniform(-bound, bound, a.shape).astype(np.float32)
+              for a in signature.args if a.role == "param"}
+    return x, params
+
+
 def main(folder: Path) -> int:
     failures = 0
     for module in sorted(folder.glob("*.so")):
-        data = np.load(module.with_suffix(".npz"))
-        params = {k[2:]: data[k] for k in data.files if k.startswith("p_")}
+        stored = np.load(module.with_suffix(".npz"))
         f = deploy.load(module)
-        y, _ = f(data["x"], params)
-        error = float(np.linalg.norm(y - data["expected"]) / np.linalg.norm(data["expected"]))
+        y, _ = f(*inputs(f.signature, int(stored["seed"])))
+        error = float(np.linalg.norm(y - stored["expected"]) / np.linalg.norm(stored["expected"]))
         ok = error < 1e-5
         failures += not ok
-        print(f"{module.name}: {f!r} relative error {error:.2e} {'ok' if ok else 'FAILED'}")
+        print(f"{module.name}: {f!r}, {f.meta['recipe']}: relative error {error:.2e} {'ok' if ok else 'FAILED'}")
     maps = Path("/proc/self/maps").read_text()
     print("compiler library loaded:", "libtvm_compiler" in maps, "| runtime loaded:", "libtvm_runtime" in maps)
     return 1 if failures or "libtvm_compiler" in maps else 0
