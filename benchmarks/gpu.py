@@ -22,7 +22,7 @@ from halstm import schedules
 from halstm.targets import CudaTarget
 
 SHAPES = [(100, 1, 256), (100, 16, 512), (100, 64, 1024), (100, 256, 1024), (512, 64, 512),
-          (100, 64, 2048), (1024, 16, 768)]
+          (100, 64, 2048), (1024, 16, 768), (100, 8, 512)]
 CELLS = {"LSTM": halstm.LSTM, "GRU": halstm.GRU, "PeepholeLSTM": halstm.PeepholeLSTM,
          "ResetBeforeGRU": halstm.ResetBeforeGRU}
 TOL = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}

@@ -11,14 +11,19 @@ from __future__ import annotations
 from .recipe import Recipe
 from .cpu import CpuStepLoop
 from .cuda import CudaStepLoop
-from .cuda_persistent import CudaPersistent
+from .cuda_persistent import PREFERRED_MAX_BATCH, CudaPersistent
 
 BUILTIN = (CpuStepLoop(), CudaPersistent(), CudaStepLoop())
 
 
 def recipes_for(program, target) -> list[Recipe]:
-    """The built-in recipes that apply to ``program`` on ``target``, preferred first."""
-    return [r for r in BUILTIN if r.is_applicable(program, target)]
+    """The built-in recipes that apply to ``program`` on ``target``, preferred first: the persistent
+    kernel goes last above ``PREFERRED_MAX_BATCH`` rows (it still applies there; the tuner and the
+    benchmark measure it)."""
+    found = [r for r in BUILTIN if r.is_applicable(program, target)]
+    if program.batch > PREFERRED_MAX_BATCH:
+        found.sort(key=lambda r: isinstance(r, CudaPersistent))
+    return found
 
 
 __all__ = ["Recipe", "CpuStepLoop", "CudaStepLoop", "CudaPersistent", "recipes_for", "BUILTIN"]

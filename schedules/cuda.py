@@ -109,7 +109,7 @@ def gemm_tiled(sch: Schedule, block, knobs: dict, views=()) -> None:
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, thread)
     for tile, transposed, aligned in tiles:
-        sch.compute_at(tile, k_outer)
+        sch.compute_at(tile, k_outer, preserve_unit_loops=True)
         _cooperative_fetch(sch, tile, row_threads * col_threads, transposed, aligned)
     for loop in (k_inner, b_inner, n_inner):
         sch.unroll(loop)

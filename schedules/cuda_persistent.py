@@ -30,6 +30,11 @@ from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
+# Largest batch at which ``recipes_for`` puts this recipe first. H100, 2026-11-22 (docs/gpu-results.md,
+# tiled step loop): faster than the step loop at B=1 (3.3-4.5x), B=8 (1.5-3.5x) and B=16 (1.3-2.8x);
+# slower at B=64, H=1024 (1.0-2.1x) and B=256 (2.6-4.6x): one thread walks all of K per output.
+PREFERRED_MAX_BATCH = 16
+
 
 class CudaPersistent(Recipe):
     name = "cuda-persistent"
