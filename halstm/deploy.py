@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 import tvm
+import tvm_ffi
 
 from .runtime import SequenceFunction, Signature
 
@@ -80,7 +81,9 @@ def load(path, *, steps: int | None = None, batch: int | None = None, dtype: str
         if want is not None and want != have:
             raise ValueError(f"{path} was compiled for {name}={have}, not {want}")
     device = _device(meta["target"])
-    module = tvm.runtime.load_module(str(path))
+    if meta["target"]["kind"] == "cuda":
+        _compile_kernels_for(meta["target"]["arch"])
+    module = tvm_ffi.load_module(str(path))
     return LoadedCell(module["main"], signature, device, meta)
 
 
@@ -94,6 +97,18 @@ def _device(target: dict):
     if target["arch"] != arch:
         raise ValueError(f"the module was compiled for {target['arch']} ({target['key']}), this GPU is {arch}")
     return device
+
+
+def _compile_kernels_for(arch: str) -> None:
+    """An exported CUDA module holds CUDA source (TVM 0.27 stores format 'cuda'), compiled with
+    NVRTC when it loads. TVM's own hook asks the compiler library for the current target's
+    architecture; this one takes it from the sidecar, so the runtime alone suffices."""
+    from tvm.support import nvcc
+
+    def compile_cuda(code):
+        return nvcc.compile_cuda(code, target_format="cubin", arch=arch, compiler="nvrtc")
+
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_cuda, override=True)
 
 
 def _cuda_device():

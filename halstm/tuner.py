@@ -20,6 +20,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -77,10 +78,12 @@ class _Worker:
 
     def _start(self):
         # the parent's import path, as multiprocessing's spawn passes it: classes pickled by
-        # reference (a cell or recipe in a test module, say) import there too
+        # reference (a cell or recipe in a test module, say) import there too. It starts in a neutral
+        # folder: from a checkout's root, `-m` would import the bare halstm/ source folder, which
+        # lacks halstm.schedules and halstm.targets (they live in schedules/ and targets/).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.process = subprocess.Popen([sys.executable, "-m", "halstm.tuner"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, env=env)
+                                        stdout=subprocess.PIPE, env=env, cwd=tempfile.gettempdir())
 
     def run(self, job: Job, timeout: float):
         try:
