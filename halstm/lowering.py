@@ -217,6 +217,55 @@ def _view(name: str, buffer: str, row: str, rows: int, cols: int, dtype: str) ->
             f'"{dtype}", offset_factor=1)')
 
 
+@dataclass
+class Skeleton:
+    """The text of a sequence function around its time loop: signature, buffers, prologue, and the
+    views one step works on. ``lower`` puts the step loop in it; a recipe that writes its own loop
+    (the persistent kernel) takes it as it is."""
+
+    args: list[Arg]
+    allocs: list[str]
+    prologue: list[str]
+    step_views: list[str]
+
+    def source(self, loop: str, extra_allocs: list[str] = ()) -> str:
+        """The function's TVMScript with ``loop`` (written at indentation 4) after the prologue."""
+        signature = ", ".join(f'{a.name}: T.Buffer({a.shape}, "{a.dtype}")' for a in self.args)
+        return f"""
+@T.prim_func(s_tir=True)
+def main({signature}):
+    T.func_attr({{"tirx.noalias": True, "global_symbol": "main"}})
+{indent([*self.allocs, *extra_allocs], 4)}
+    with T.sblock("prologue"):
+{indent(self.prologue, 8)}
+{loop}
+"""
+
+
+def indent(lines, n: int) -> str:
+    return textwrap.indent("\n".join(lines), " " * n)
+
+
+def skeleton(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayout) -> Skeleton:
+    cell, T, B, H = plan.cell, steps, batch, plan.cell.hidden_size
+    args = [Arg("x", (T * B, cell.input_size), dtype, "x")]
+    args += [Arg(f"{s}0", (B, H), dtype, "state") for s in cell.states]
+    args += [Arg(n, tuple(shape), dtype, "param") for n, shape in cell.parameters().items()]
+    args += [Arg(f"{s}_seq", ((T + 1) * B, H), dtype, "output") for s in cell.states]
+    allocs = [f'{g.name} = T.alloc_buffer(({T * B}, {g.rows}), "{ACCUMULATE}")' for g in plan.hoisted]
+    allocs += [
+        f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")'
+        for i, g in enumerate(plan.gemms)
+        if g.stage > 0
+    ]
+    prologue = [_view(f"{s}_init", f"{s}_seq", "0", B, H, dtype) for s in cell.states]
+    prologue.append(_body(_prologue(plan, T, B, dtype, layout)))
+    views = [_view(f"{g.name}_t", g.name, f"t * {B}", B, g.rows, ACCUMULATE) for g in plan.hoisted]
+    views += [_view(f"{s}_t", f"{s}_seq", f"t * {B}", B, H, dtype) for s in cell.states]
+    views += [_view(f"{s}_next", f"{s}_seq", f"t * {B} + {B}", B, H, dtype) for s in cell.states]
+    return Skeleton(args, allocs, prologue, views)
+
+
 def lower(
     cell: Cell,
     steps: int,
@@ -227,42 +276,13 @@ def lower(
 ) -> Program:
     """The whole sequence as one PrimFunc ``main`` (unscheduled)."""
     plan = plan or make_plan(cell)
-    T, B, H = steps, batch, cell.hidden_size
-    args = [Arg("x", (T * B, cell.input_size), dtype, "x")]
-    args += [Arg(f"{s}0", (B, H), dtype, "state") for s in cell.states]
-    args += [Arg(n, tuple(shape), dtype, "param") for n, shape in cell.parameters().items()]
-    args += [Arg(f"{s}_seq", ((T + 1) * B, H), dtype, "output") for s in cell.states]
-
-    signature = ", ".join(f'{a.name}: T.Buffer({a.shape}, "{a.dtype}")' for a in args)
-    allocs = [f'{g.name} = T.alloc_buffer(({T * B}, {g.rows}), "{ACCUMULATE}")' for g in plan.hoisted]
-    allocs += [
-        f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")'
-        for i, g in enumerate(plan.gemms)
-        if g.stage > 0
-    ]
-    prologue_views = [_view(f"{s}_init", f"{s}_seq", "0", B, H, dtype) for s in cell.states]
-    step_views = [_view(f"{g.name}_t", g.name, f"t * {B}", B, g.rows, ACCUMULATE) for g in plan.hoisted]
-    step_views += [_view(f"{s}_t", f"{s}_seq", f"t * {B}", B, H, dtype) for s in cell.states]
-    step_views += [_view(f"{s}_next", f"{s}_seq", f"t * {B} + {B}", B, H, dtype) for s in cell.states]
-
-    def indent(lines, n):
-        return textwrap.indent("\n".join(lines), " " * n)
-
-    source = f"""
-@T.prim_func(s_tir=True)
-def main({signature}):
-    T.func_attr({{"tirx.noalias": True, "global_symbol": "main"}})
-{indent(allocs, 4)}
-    with T.sblock("prologue"):
-{indent(prologue_views, 8)}
-{indent([_body(_prologue(plan, T, B, dtype, layout))], 8)}
-    for t in range({T}):
+    frame = skeleton(plan, steps, batch, dtype, layout)
+    loop = f"""    for t in range({steps}):
         with T.sblock("step"):
-{indent(step_views, 12)}
-{indent([_body(_step(plan, B, dtype, layout))], 12)}
-"""
-    func = tvm.script.from_source(source)
-    return Program(cell, plan, steps, batch, dtype, layout, func, args)
+{indent(frame.step_views, 12)}
+{indent([_body(_step(plan, batch, dtype, layout))], 12)}"""
+    func = tvm.script.from_source(frame.source(loop))
+    return Program(cell, plan, steps, batch, dtype, layout, func, frame.args)
 
 
 def cell_hash(cell: Cell) -> str:

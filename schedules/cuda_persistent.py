@@ -23,7 +23,7 @@ import re
 import tvm
 from tvm.s_tir import Schedule
 
-from halstm.lowering import ACCUMULATE, _body, _prologue, _view
+from halstm.lowering import ACCUMULATE, indent, skeleton
 
 from .cuda import CudaStepLoop, _bind_flat, gemm_tiled
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
@@ -190,12 +190,9 @@ class _Kernel:
     def func(self) -> tvm.tirx.PrimFunc:
         p, plan, B, H, T_ = self.p, self.p.plan, self.p.batch, self.H, self.p.steps
         cell, dtype = p.cell, p.dtype
-        signature = ", ".join(f'{a.name}: T.Buffer({a.shape}, "{a.dtype}")' for a in p.args)
-        allocs = [f'{g.name} = T.alloc_buffer(({T_ * B}, {g.rows}), "{ACCUMULATE}")' for g in plan.hoisted]
-        allocs += [f'w_packed{i} = T.alloc_buffer(({g.depth}, {g.rows}), "{dtype}")'
-                   for i, g in enumerate(plan.gemms) if g.stage > 0]
-        allocs += [f'{g.name} = T.alloc_buffer(({B}, {g.rows}), "{ACCUMULATE}")'
-                   for s in plan.stages for g in s]
+        frame = skeleton(plan, T_, B, dtype, p.layout)
+        allocs = [f'{g.name} = T.alloc_buffer(({B}, {g.rows}), "{ACCUMULATE}")'
+                  for s in plan.stages for g in s]
         outputs = {f"{s}_next" for s in cell.states}
         allocs += [f'{n} = T.alloc_buffer(({B}, {H}), "{ACCUMULATE}")'
                    for kind, n, *_ in self.blocks if kind == "elementwise" and n not in outputs]
@@ -227,35 +224,18 @@ class _Kernel:
                 stored = True
                 step += self.elementwise_text(what, ivs, value)
         step.append("T.cuda.grid_sync()")
-        views = [_view(f"{g.name}_t", g.name, f"t * {B}", B, g.rows, ACCUMULATE) for g in plan.hoisted]
-        views += [_view(f"{s}_t", f"{s}_seq", f"t * {B}", B, H, dtype) for s in cell.states]
-        views += [_view(f"{s}_next", f"{s}_seq", f"t * {B} + {B}", B, H, dtype) for s in cell.states]
-        prologue = [_view(f"{s}_init", f"{s}_seq", "0", B, H, dtype) for s in cell.states]
-        prologue.append(_body(_prologue(plan, T_, B, dtype, p.layout)))
-
-        def at(lines, n):
-            return "\n".join(" " * n + line for text in lines for line in text.splitlines())
-
-        source = f"""
-@T.prim_func(s_tir=True)
-def main({signature}):
-    T.func_attr({{"tirx.noalias": True, "global_symbol": "main"}})
-{at(allocs, 4)}
-    with T.sblock("prologue"):
-{at(prologue, 8)}
-    for p_bx in T.thread_binding({self.grid}, thread="blockIdx.x"):
+        loop = f"""    for p_bx in T.thread_binding({self.grid}, thread="blockIdx.x"):
         for p_tx in T.thread_binding({self.threads}, thread="threadIdx.x"):
             with T.sblock("persistent"):
-{at(shared, 16)}
+{indent(shared, 16)}
                 acc = T.sblock_alloc_buffer((1,), "float32", scope="local")
-{at(load, 16)}
+{indent(load, 16)}
                 T.tvm_storage_sync("shared")
                 for t in range({T_}):
                     with T.sblock("step"):
-{at(views, 24)}
-{at(step, 24)}
-"""
-        return tvm.script.from_source(source)
+{indent(frame.step_views, 24)}
+{indent(step, 24)}"""
+        return tvm.script.from_source(frame.source(loop, allocs))
 
 
 def substitute(text: str, names: dict[str, str]) -> str:
