@@ -157,7 +157,6 @@ def ms(v):
 
 
 def table(rows, device):
-    cudnn = {(r["T"], r["B"], r["H"], r["dtype"], r["cell"]): r.get("cudnn") for r in rows}
     lines = [f"GPU: {device}", "",
              "| T | B | H | cell | dtype | " + " | ".join(f"{r} ms" for r in RECIPES)
              + " | best us/step | cuDNN ms | eager ms | torch.compile ms | ratio cuDNN/best | halstm compile s |",

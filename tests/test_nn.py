@@ -1,6 +1,5 @@
 """halstm.nn against torch.nn on the same state_dict: layers, directions, batch_first, lengths."""
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -1,6 +1,5 @@
 """The tuner on the CPU: records, resumption after a kill, failures skipped, the database read back."""
 
-import json
 import os
 import subprocess
 import sys
