@@ -36,3 +36,13 @@ def test_cpu_recipe_fuses_elementwise_and_tiles_gemms():
     assert "T.parallel" in step and "T.vectorized" in step
     assert "w_packed1[v_n // 16, v_k, v_n % 16]" in step
     assert "sch.cache_write" in str(sch.trace) and "sch.compute_inline" in str(sch.trace)
+
+
+def test_cpu_search_space_prunes_spilling_and_ragged_tiles():
+    program = halstm.lower(halstm.LSTM(8, 16), steps=3, batch=64)
+    space = CpuStepLoop().space(program, TARGET)
+    tiles = {(k["rows"], k["vectors"]) for k in space}
+    assert (4, 2) in tiles and (2, 4) in tiles
+    assert (8, 3) not in tiles and (4, 3) not in tiles  # more accumulators than registers allow
+    assert all(rows != 6 for rows, _ in tiles)  # 64 rows do not split into tiles of 6
+    assert CpuStepLoop().defaults(program, TARGET) in space
