@@ -83,3 +83,28 @@ def test_gradients_are_refused_clearly():
     with pytest.raises(ValueError, match=r"hx\['h'\]: expected shape \(1, 1, 4\)"):
         with torch.no_grad():
             module(torch.randn(2, 1, 3), (torch.zeros(2, 1, 4), torch.zeros(2, 1, 4)))
+
+
+def _cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="no CUDA device")
+@pytest.mark.parametrize("ours, theirs", PAIRS, ids=["LSTM", "GRU"])
+def test_matches_cudnn_on_a_side_stream(ours, theirs, monkeypatch):
+    """On the GPU, on a non-default stream: the kernels must run on torch's current stream, or the
+    output would be read before it is written. cuDNN in full fp32 (no TF32) to compare at 1e-5."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    module, reference = twins(ours, theirs, input_size=32, hidden_size=48, num_layers=2, bidirectional=True)
+    module, reference = module.cuda(), reference.cuda()
+    x = torch.randn(20, 4, 32, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.no_grad(), torch.cuda.stream(stream):
+        y, final = module(x)
+        y_ref, final_ref = reference(x)
+        y, y_ref = y.cpu(), y_ref.cpu()  # copies on the same stream, ordered after the kernels
+    stream.synchronize()
+    final = tuple(f.cpu() for f in final) if isinstance(final, tuple) else final.cpu()
+    final_ref = tuple(f.cpu() for f in final_ref) if isinstance(final_ref, tuple) else final_ref.cpu()
+    assert close(y, y_ref) and close(final, final_ref)
