@@ -20,8 +20,11 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from . import cells as builtin
 from .compiler import compile as compile_cell
+from .lowering import cell_hash
 
-_CELLS: dict[str, object] = {}  # op key -> the cell of a layer direction
+# The op's key names a cell definition (its lowered expressions' hash), so that layers and modules
+# with the same cell share compiled functions, and a key never refers to another cell.
+_CELLS: dict[str, object] = {}  # key -> a cell with that definition
 _COMPILED: dict[tuple, object] = {}  # (key, T, B, dtype, device) -> compiled function
 
 
@@ -71,8 +74,8 @@ class RNN(torch.nn.Module):
                 size = input_size if layer == 0 else hidden_size * self.directions
                 cell = cell_type(size, hidden_size)
                 suffix = f"_l{layer}" + ("_reverse" if direction else "")
-                key = f"{id(self)}{suffix}"
-                _CELLS[key] = cell
+                key = f"{cell.name}-{cell_hash(cell)}"
+                _CELLS.setdefault(key, cell)
                 self._cells[suffix] = (key, cell)
                 for name, shape in cell.parameters().items():
                     if bias or not _is_bias(name):
