@@ -20,7 +20,7 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import PackedLayout
 
-from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
+from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction, merge_next_states
 
 
 class CpuStepLoop(Recipe):
@@ -55,7 +55,7 @@ class CpuStepLoop(Recipe):
             gemms, others = child_blocks(sch, scope, program)
             for gemm in gemms:
                 _micro_kernel(sch, gemm, k["rows"], k["vectors"] * target.lanes, k["panel"])
-            for block in _merge_states(sch, sch.get_sblock(scope), others):
+            for block in merge_next_states(sch, sch.get_sblock(scope), others):
                 _parallel_rows(sch, block, target.lanes)
         return sch
 
@@ -77,31 +77,6 @@ def _micro_kernel(sch: Schedule, block, rows: int, cols: int, panel: int) -> Non
     sch.vectorize(n_inner)
     sch.vectorize(sch.get_loops(acc)[-1])
     sch.decompose_reduction(block, k)
-
-
-def _merge_states(sch: Schedule, scope, blocks: list) -> list:
-    """Put adjacent blocks that write next states over the same (B, H) into one loop nest: one
-    parallel region a step instead of one per state (LSTM: h and c), and LLVM computes the shared
-    gate math once. Only adjacent ones: ``merge`` does not check dependences, and a block between
-    them (a layer norm's reduction, say) may feed the later one."""
-
-    def key(b):
-        if sch.get_consumers(b) or is_reduction(sch, b):
-            return None
-        return tuple(sch.get(loop).extent.value for loop in sch.get_loops(b))
-
-    runs: list[list] = []
-    for b in sch.get_child_blocks(scope):  # in program order, GEMMs included: they break runs
-        if runs and key(b) is not None and key(b) == key(runs[-1][-1]):
-            runs[-1].append(b)
-        else:
-            runs.append([b])
-    merged_away = set()
-    for run in runs:
-        if len(run) > 1:
-            sch.merge(*[sch.get_loops(b)[-1] for b in run])
-            merged_away |= {sch.get(b).name_hint for b in run[1:]}
-    return [b for b in blocks if sch.get(b).name_hint not in merged_away]
 
 
 def _parallel_rows(sch: Schedule, block, lanes: int) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from tvm.s_tir import Schedule
 
-from .recipe import Recipe, child_blocks, inline_elementwise
+from .recipe import Recipe, child_blocks, inline_elementwise, merge_next_states
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 STATIC_SHARED = 48 * 1024  # "shared" scope allocations are static: at most 48 KiB a block
@@ -63,7 +63,7 @@ class CudaStepLoop(Recipe):
             views = {m.buffer.name for m in sch.get(sch.get_sblock(scope)).match_buffers}
             for gemm in gemms:
                 gemm_tiled(sch, gemm, k, views)
-            for block in elementwise:
+            for block in merge_next_states(sch, sch.get_sblock(scope), elementwise):
                 _bind_flat(sch, block, k["threads"])
         return sch
 

@@ -98,3 +98,29 @@ def child_blocks(sch: Schedule, scope_name: str, program=None):
         planned = sch.get(block).name_hint in names if names is not None else is_reduction(sch, block)
         (gemms if planned else others).append(block)
     return gemms, others
+
+
+def merge_next_states(sch: Schedule, scope, blocks: list) -> list:
+    """Put adjacent blocks that write next states over the same (B, H) into one loop nest: one
+    parallel region (CPU) or one kernel (CUDA) a step instead of one per state (LSTM: h and c), and
+    the compiler computes the gate math they share once. Only adjacent ones: ``merge`` does not
+    check dependences, and a block between them (a layer norm's reduction, say) may feed the later
+    one. Returns ``blocks`` without those merged into an earlier one."""
+
+    def key(b):
+        if sch.get_consumers(b) or is_reduction(sch, b):
+            return None
+        return tuple(sch.get(loop).extent.value for loop in sch.get_loops(b))
+
+    runs: list[list] = []
+    for b in sch.get_child_blocks(scope):  # in program order, GEMMs included: they break runs
+        if runs and key(b) is not None and key(b) == key(runs[-1][-1]):
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    merged_away = set()
+    for run in runs:
+        if len(run) > 1:
+            sch.merge(*[sch.get_loops(b)[-1] for b in run])
+            merged_away |= {sch.get(b).name_hint for b in run[1:]}
+    return [b for b in blocks if sch.get(b).name_hint not in merged_away]

@@ -71,3 +71,13 @@ def test_each_thread_writes_back_only_its_own_register_tile():
     lines = CudaStepLoop().apply(program, H100).mod.script().splitlines()
     at = next(i for i, line in enumerate(lines) if 'T.sblock("x_proj0_local")' in line)
     assert f"T.grid({knobs['thread_rows']}, {knobs['thread_cols']})" in lines[at - 1]
+
+
+def test_next_states_of_a_step_share_one_kernel():
+    """LSTM's h and c are written by one elementwise kernel a step, not one each."""
+    program = halstm.lower(halstm.LSTM(20, 24), steps=3, batch=2)
+    text = CudaStepLoop().apply(program, H100).mod.script()
+    step = text[text.index('T.sblock("step")'):]
+    kernels = step.count('thread="blockIdx.x"')
+    assert 'T.sblock("h_next")' in step and 'T.sblock("c_next")' in step
+    assert kernels == 2, f"expected the GEMM kernel and one elementwise kernel, found {kernels}"
