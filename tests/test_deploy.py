@@ -63,3 +63,20 @@ def test_load_refuses_a_mismatch(exported, tmp_path):
     f = halstm.load(path)
     with pytest.raises(ValueError, match=r"x: expected shape \(5, 3, 9\)"):
         f(np.ones((6, 3, 9), np.float32), cell.init_parameters(0))
+
+
+def test_cli_exports_and_describes_a_module(tmp_path, capsys, rng):
+    from halstm.cli import main
+
+    out = tmp_path / "gru.so"
+    argv = ["export", "--cell", "GRU", "--input-size", "6", "--hidden-size", "8", "--steps", "3",
+            "--batch", "2", "-o", str(out)]
+    assert main(argv) == 0
+    assert main(["info", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out} and {out}.json" in printed
+    assert '"cell": "GRU"' in printed and '"recipe": "cpu-step-loop"' in printed
+    cell = halstm.GRU(6, 8)
+    x, params, states = random_inputs(cell, 3, 2, rng)
+    y, _ = halstm.load(out, batch=2)(x, params, states)
+    assert rel_err(y, halstm.reference(cell, x, params, states)[0]) < TOLERANCE["float32"]
