@@ -167,7 +167,7 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     from .lowering import lower
     from .oracle import reference
 
-    log = log or _Progress()
+    log = log or _print
     target = targets.resolve(target)
     db = database if isinstance(database, Database) else Database(database)
     key = tuning_key(cell, steps, batch, dtype, target)
@@ -182,19 +182,23 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     rng = np.random.default_rng(seed)
     x, params, states = _inputs(cell, steps, batch, dtype, rng)
     expected, _ = reference(cell, x, params, states)
+    best = db.best(key)
     worker = _Worker()
     try:
-        for i, (recipe, knobs) in enumerate(todo, 1):
+        for done, (recipe, knobs) in enumerate(todo, len(planned) - len(todo) + 1):
             job = Job(cell, steps, batch, dtype, target, recipe, knobs, (x, params, states), expected, repeat)
             ms, error = worker.run(job, timeout)
-            db.append(Record(key, recipe.name, knobs, ms, error))
-            best = db.best(key)
-            log(f"[{i + len(planned) - len(todo)}/{len(planned)}] {recipe.name} {knobs}: "
+            record = Record(key, recipe.name, knobs, ms, error)
+            db.append(record)
+            if ms is not None and (best is None or ms < best.ms):
+                best = record
+            bar = "#" * (20 * done // len(planned))
+            log(f"|{bar:<20}| [{done}/{len(planned)}] {recipe.name} {knobs}: "
                 + (f"{ms:.3f} ms" if ms is not None else f"failed ({error})")
                 + (f" | best {best.ms:.3f} ms ({best.recipe} {best.knobs})" if best else ""))
     finally:
         worker.close()
-    return db.best(key)
+    return best
 
 
 def _inputs(cell, steps, batch, dtype, rng):
@@ -207,15 +211,8 @@ def _inputs(cell, steps, batch, dtype, rng):
     return x, params, states
 
 
-class _Progress:
-    """A progress line on stderr: the bar, the candidate, the best so far."""
-
-    def __call__(self, text: str):
-        if text.startswith("["):
-            done, total = (int(v) for v in text[1:text.index("]")].split("/"))
-            bar = "#" * (20 * done // total)
-            text = f"|{bar:<20}| {text}"
-        print(text, file=sys.stderr, flush=True)
+def _print(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
