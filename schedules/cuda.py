@@ -25,6 +25,7 @@ bm / tm row threads, so that a block is not mostly idle threads.
 from __future__ import annotations
 
 from tvm.s_tir import Schedule
+from tvm.tirx import IterVar
 
 from .recipe import Recipe, child_blocks, inline_elementwise, merge_next_states
 
@@ -59,7 +60,7 @@ class CudaStepLoop(Recipe):
         sch = Schedule(program.mod)
         for scope in ("prologue", "step"):
             inline_elementwise(sch, sch.get_sblock(scope))
-            gemms, elementwise = child_blocks(sch, scope)
+            gemms, elementwise = child_blocks(sch, scope, program)
             views = {m.buffer.name for m in sch.get(sch.get_sblock(scope)).match_buffers}
             for gemm in gemms:
                 gemm_tiled(sch, gemm, k, views)
@@ -137,7 +138,11 @@ def _cooperative_fetch(sch: Schedule, tile, threads: int, transposed: bool, alig
 
 
 def _bind_flat(sch: Schedule, block, threads: int) -> None:
-    fused = sch.fuse(*sch.get_loops(block))
+    """One thread per output element; a cell's own reduction (a layer norm's sum) runs serially
+    inside its thread (its reduce loops are innermost, as te.create_prim_func makes them)."""
+    loops = sch.get_loops(block)
+    reduce = sum(iv.iter_type == IterVar.CommReduce for iv in sch.get(block).iter_vars)
+    fused = sch.fuse(*loops[: len(loops) - reduce])
     bx, tx = sch.split(fused, [None, threads])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")

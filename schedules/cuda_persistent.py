@@ -55,7 +55,7 @@ class CudaPersistent(Recipe):
         sch = Schedule(tvm.IRModule({"main": kernel.func()}))
         step = CudaStepLoop().defaults(program, target)
         inline_elementwise(sch, sch.get_sblock("prologue"))
-        gemms, others = child_blocks(sch, "prologue")
+        gemms, others = child_blocks(sch, "prologue", program)
         for gemm in gemms:
             gemm_tiled(sch, gemm, step)
         for block in others:

@@ -86,17 +86,13 @@ def inline_elementwise(sch: Schedule, scope) -> None:
             break
 
 
-def child_blocks(sch: Schedule, scope_name: str, program=None):
-    """(GEMMs, other blocks) directly inside the named scope block.
-
-    With ``program``, GEMMs are the blocks the plan made (a cell's own reductions, a layer norm's
-    mean say, are other blocks); without, every reduction block counts as one.
-    """
-    names = {g.name for g in program.plan.gemms} if program is not None else None
+def child_blocks(sch: Schedule, scope_name: str, program):
+    """(GEMMs the plan made, other blocks) directly inside the named scope block. A cell's own
+    reductions (a layer norm's sums) are other blocks."""
+    names = {g.name for g in program.plan.gemms}
     gemms, others = [], []
     for block in sch.get_child_blocks(sch.get_sblock(scope_name)):
-        planned = sch.get(block).name_hint in names if names is not None else is_reduction(sch, block)
-        (gemms if planned else others).append(block)
+        (gemms if sch.get(block).name_hint in names else others).append(block)
     return gemms, others
 
 

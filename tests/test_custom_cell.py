@@ -1,10 +1,13 @@
 """The cell language is open: a cell defined here, with raw te.compute reductions, compiles."""
 
+import shutil
+
 import pytest
 from tvm import te
 
 import halstm
 from halstm import linear, sigmoid, split, tanh
+from halstm.targets import CudaTarget
 from conftest import TOLERANCE, random_inputs, rel_err
 
 
@@ -62,3 +65,13 @@ def test_planner_hoists_a_transformed_input():
     assert [g.name for g in plan.hoisted] == ["x_proj0"]
     assert [m.weight for m in plan.hoisted[0].members] == ["w_x"]
     assert [[m.weight for g in stage for m in g.members] for stage in plan.stages] == [["w_h"]]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("cell_type", [CoupledLayerNormLSTM, ProjectedInputRNN], ids=lambda c: c.__name__)
+def test_custom_cell_compiles_for_cuda(cell_type):
+    """The CUDA step loop takes a cell's own reductions too (serial within a thread); the
+    persistent kernel declines them."""
+    target = CudaTarget("sm_90", sms=132)
+    f = halstm.compile(cell_type(20, 24), 3, 2, target=target, recipe="cuda-step-loop", database=False)
+    assert "__global__" in f.module.mod.imports[0].inspect_source()
