@@ -133,14 +133,15 @@ def _info(args) -> int:
 
     if args.path.suffix == ".jsonl":
         records = Database(args.path).records()
-        keys = {json.dumps(r.key, sort_keys=True) for r in records}
-        print(f"{args.path}: {len(records)} records, {len(keys)} problems")
-        for key in sorted(keys):
-            mine = [r for r in records if json.dumps(r.key, sort_keys=True) == key]
-            best = Database(args.path).best(json.loads(key))
-            k = json.loads(key)
+        problems: dict[str, list] = {}
+        for r in records:
+            problems.setdefault(json.dumps(r.key, sort_keys=True), []).append(r)
+        print(f"{args.path}: {len(records)} records, {len(problems)} problems")
+        for _, mine in sorted(problems.items()):
+            k = mine[0].key
             head = (f"{k['cell']} I={k['input_size']} H={k['hidden_size']} T={k['steps']} B={k['batch']} "
                     f"{k['dtype']} on {k['target']}")
+            best = min((r for r in mine if r.ms is not None), key=lambda r: r.ms, default=None)
             failed = sum(r.ms is None for r in mine)
             verdict = f"best {best.ms:.3f} ms: {best.recipe} {best.knobs}" if best else "no success"
             print(f"  {head}: {len(mine)} measured ({failed} failed), {verdict}")
