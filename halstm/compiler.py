@@ -41,12 +41,12 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     target = targets.resolve(target)
     plan = make_plan(cell)
     program = lower(cell, int(steps), int(batch), dtype, plan)
-    candidates = schedules.recipes_for(program, target)
     if recipe is None and knobs is None and database is not False:
         best = _tuned(cell, int(steps), int(batch), dtype, target, database)
         if best is not None:
             recipe, knobs = best.recipe, best.knobs
     if recipe is None:
+        candidates = schedules.recipes_for(program, target)
         if not candidates:
             raise ValueError(f"no built-in recipe applies to {cell!r} on {target}")
         recipe = candidates[0]
