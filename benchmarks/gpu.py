@@ -19,6 +19,7 @@ import torch
 
 import halstm
 from halstm import schedules
+from halstm.schedules import PREFERRED_MAX_BATCH
 from halstm.targets import CudaTarget
 
 SHAPES = [(100, 1, 256), (100, 16, 512), (100, 64, 1024), (100, 256, 1024), (512, 64, 512),
@@ -109,8 +110,8 @@ def bench(target, shapes, use_compile, out):
                 for recipe in RECIPES:
                     r = next(r for r in schedules.BUILTIN if r.name == recipe)
                     prog = halstm.lower(cell, T, B, dtype)
-                    if not r.is_applicable(prog, target):
-                        row[recipe] = None
+                    if not r.is_applicable(prog, target) or (recipe == "cuda-persistent" and B > 2 * PREFERRED_MAX_BATCH):
+                        row[recipe] = None  # measured slower from B=64 on (docs/gpu-results.md); not rerun
                         continue
                     try:
                         t0 = time.time()

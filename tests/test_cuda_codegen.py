@@ -10,6 +10,7 @@ import tvm
 import halstm
 from halstm import schedules
 from halstm.schedules import CudaStepLoop
+from halstm.schedules.cuda import hoisted_tile, step_tile
 from halstm.targets import CudaTarget
 
 from conftest import TOLERANCE, random_inputs, rel_err, upcast
@@ -66,11 +67,12 @@ def test_each_thread_writes_back_only_its_own_register_tile():
     """The register tile's write-back covers the thread's tm x tn outputs, nothing between them: a
     strided tile once made it span 4 x 49 and store uninitialised registers over other threads'
     results (GRU, T=20: 85 % wrong on an H100)."""
-    program = halstm.lower(halstm.GRU(20, 24), steps=20, batch=2)
-    knobs = CudaStepLoop().defaults(program, None)
+    program = halstm.lower(halstm.GRU(20, 24), steps=20, batch=64)
+    knobs = CudaStepLoop().defaults(program, H100)
     lines = CudaStepLoop().apply(program, H100).mod.script().splitlines()
-    at = next(i for i, line in enumerate(lines) if 'T.sblock("x_proj0_local")' in line)
-    assert f"T.grid({knobs['thread_rows']}, {knobs['thread_cols']})" in lines[at - 1]
+    for gemm, tile in (("x_proj0", hoisted_tile(knobs)), ("gemm0", step_tile(knobs, 64))):
+        at = next(i for i, line in enumerate(lines) if f'T.sblock("{gemm}_local")' in line)
+        assert f"T.grid({tile.tm}, {tile.tn})" in lines[at - 1], (gemm, tile, lines[at - 1])
 
 
 def test_next_states_of_a_step_share_one_kernel():
