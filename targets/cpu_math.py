@@ -37,7 +37,7 @@ def _lower_exp(call):
     x = call.args[0]
     if str(x.ty).startswith("float32"):
         return _exp_f32(x)
-    return tirx.call_llvm_pure_intrin(str(x.ty), "llvm.exp", tirx.const(1, "uint32"), x)
+    return tirx.call_llvm_pure_intrin(str(x.ty), "llvm.exp", x)
 
 
 tirx_op.register_intrin_lowering("tirx.exp", "llvm", f=_lower_exp, level=99)
