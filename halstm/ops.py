@@ -84,3 +84,33 @@ def split(t: te.Tensor, parts: int) -> list[te.Tensor]:
         )
 
     return [chunk(p) for p in range(parts)]
+
+
+CONCAT_TAG = "halstm.concat"
+
+
+def concat(*parts: te.Tensor) -> te.Tensor:
+    """The (B, n_i) parts side by side: (B, sum n_i). Its op's ``input_tensors`` are the parts in
+    order (when distinct), so that a matmul over a concatenation can be split by them: greedy
+    decoding hoists the share of the parts that do not change from step to step."""
+    widths = [int(p.shape[1]) for p in parts]
+
+    def value(b, j):
+        start = sum(widths) - widths[-1]
+        v = parts[-1][b, j - start]
+        for p, width in zip(parts[-2::-1], widths[-2::-1]):
+            start -= width
+            v = te.if_then_else(j < start + width, p[b, j - start], v)
+        return v
+
+    return te.compute((parts[0].shape[0], sum(widths)), value, name="concat", tag=CONCAT_TAG)
+
+
+def embedding(table: te.Tensor, ids: te.Tensor) -> te.Tensor:
+    """The rows of ``table`` (V, E) at ``ids`` (B,): (B, E), as torch.nn.functional.embedding."""
+    return te.compute((ids.shape[0], table.shape[1]), lambda b, j: table[ids[b], j], name="embedding")
+
+
+def argmax(t: te.Tensor) -> te.Tensor:
+    """Each row's index of its largest value, the first one on ties (as torch.argmax): (B,) int32."""
+    return topi.argmax(t, axis=1)

@@ -1,0 +1,101 @@
+"""Recipes for compiled greedy decoding (``halstm.models.decoding``).
+
+Its ``main`` has the shape of a cell's sequence function (a ``prologue`` block, a ``step`` block on
+row-block views, GEMMs named by the plan), so the step-loop recipes schedule it; what decoding adds
+is scheduled here: ``pack``, which lays the weights out once, and on CUDA the argmax over the
+vocabulary, a reduction shared by the threads of a block (one thread a row would take V serial steps).
+"""
+
+from __future__ import annotations
+
+from tvm.s_tir import Schedule
+
+from .cpu import CpuStepLoop, _parallel_rows
+from .cuda import CudaStepLoop, _bind_flat, gemm_tiled, step_tile
+from .recipe import child_blocks, inline_elementwise, is_reduction, merge_next_states
+
+
+class CpuGreedyDecode(CpuStepLoop):
+    """``cpu-step-loop`` on ``main``; ``pack`` in parallel over its column strips."""
+
+    name = "cpu-greedy-decode"
+
+    def defaults(self, program, target) -> dict:
+        # Panels no taller than the batch: the micro-kernel makes panel // rows row tiles a panel
+        # whatever the batch, and at B=32 a 64-row panel left half of its tasks predicated off
+        # (31 against 16 ms a token, V=32000).
+        knobs = super().defaults(program, target)
+        rows = knobs["rows"]
+        return {**knobs, "panel": min(knobs["panel"], -(-program.batch // rows) * rows)}
+
+    def apply(self, program, target, **knobs) -> Schedule:
+        sch = super().apply(program, target, **knobs)
+        for gemm in program.plan.gemms:  # after the micro-kernel: the write-back has cache_write's name
+            epilogue = _epilogue(sch, sch.get_sblock(f"{gemm.name}_local"))
+            if epilogue is not None:
+                sch.reverse_compute_inline(epilogue)
+        for block in _packing(sch):
+            _parallel_rows(sch, block, target.lanes)
+        return sch
+
+
+class CudaGreedyDecode(CudaStepLoop):
+    """``cuda-step-loop``'s tiled GEMMs, all with the step's tile (the hoisted ones have B rows too, not
+    T * B), and flat elementwise kernels; the argmax one block a row. The embedding lookup happens as
+    the GEMM stages its operand in shared memory."""
+
+    name = "cuda-greedy-decode"
+
+    def defaults(self, program, target) -> dict:
+        """cuda-step-loop's, with column tiles widened until a block has a warp's threads (``valid``
+        asks for 32): at B=1 the step tile has one row thread, and 64 columns made 16 threads."""
+        k = super().defaults(program, target)
+        while step_tile(k, program.batch).threads < 32:
+            k["block_cols"] *= 2
+        return k
+
+    def apply(self, program, target, **knobs) -> Schedule:
+        k = self.resolve(program, target, knobs)
+        sch = Schedule(program.mod)
+        for scope in ("prologue", "step"):
+            inline_elementwise(sch, sch.get_sblock(scope))
+            gemms, others = child_blocks(sch, scope, program)
+            views = {m.buffer.name for m in sch.get(sch.get_sblock(scope)).match_buffers}
+            for gemm in gemms:
+                epilogue = _epilogue(sch, gemm)
+                gemm_tiled(sch, gemm, step_tile(k, program.batch), views)
+                if epilogue is not None:
+                    others = [b for b in others if not sch.get(b).same_as(sch.get(epilogue))]
+                    sch.reverse_compute_inline(epilogue)
+            for block in merge_next_states(sch, sch.get_sblock(scope), others):
+                (_row_reduction if is_reduction(sch, block) else _bind_flat)(sch, block, k["threads"])
+        for block in _packing(sch):
+            _bind_flat(sch, block, k["threads"])
+        return sch
+
+
+def _epilogue(sch: Schedule, block):
+    """The elementwise block that alone reads ``block``'s result (the logits: the GEMM plus the hoisted
+    context share and the bias), or None. Inlined into the GEMM's write-back of its register tile, it
+    costs no pass of its own over (B, V)."""
+    consumers = sch.get_consumers(block)
+    return consumers[0] if len(consumers) == 1 and not is_reduction(sch, consumers[0]) else None
+
+
+def _packing(sch: Schedule) -> list:
+    """The blocks of ``pack`` with its column selections inlined; the schedule works on it after."""
+    sch.work_on("pack")
+    root = sch.get_sblock("root")
+    inline_elementwise(sch, root)
+    return sch.get_child_blocks(root)
+
+
+def _row_reduction(sch: Schedule, block, threads: int) -> None:
+    """A reduction along each row: a block a row, its threads share the row and combine their results."""
+    row, k = sch.get_loops(block)
+    sch.bind(row, "blockIdx.x")
+    sch.bind(sch.split(k, [None, threads])[1], "threadIdx.x")
+
+
+def recipe_for(target):
+    return CpuGreedyDecode() if target.kind == "cpu" else CudaGreedyDecode()
