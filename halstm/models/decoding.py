@@ -31,7 +31,7 @@ from ..lowering import (ACCUMULATE, PackedLayout, Skeleton, _body, _columns, _ge
                         _storage, _view, indent)
 from ..ops import CONCAT_TAG, argmax, concat, tracing
 from ..plan import Gemm, Matmul, Plan, _upstream
-from ..runtime import Arg, _check, _frame, _new
+from ..runtime import Arg, _check, _check_names, _frame, _new
 
 FLOAT = "float32"
 
@@ -131,7 +131,7 @@ class _Splitter:
 
 
 def lower(decoder, steps: int, batch: int, layout: PackedLayout = PackedLayout()) -> DecodeProgram:
-    """``main(context, token0, h0, params..., packed..., tokens, h_seq, logits)`` decodes ``steps``
+    """``main(context, start, h0, params..., packed..., tokens, h_seq, logits)`` decodes ``steps``
     tokens for ``batch`` rows; ``pack(weights..., packed...)`` packs the matmul weights."""
     B, H, V, N = batch, decoder.hidden_size, decoder.vocab_size, steps
     token = te.placeholder((B,), "int32", name="token_t")
@@ -152,14 +152,14 @@ def lower(decoder, steps: int, batch: int, layout: PackedLayout = PackedLayout()
     packed_reads = [splitter.packed[g.name][1] for g in plan.gemms]
     step = _function([token, h, context, *hoisted_reads, *others, *packed_reads], [h_next, logits, token_next])
 
-    token0 = te.placeholder((B,), "int32", name="token0")
+    start = te.placeholder((B,), "int32", name="start")
     h0 = te.placeholder((B, H), FLOAT, name="h0")
-    copies = [_storage(token0, "int32", "token_init"), _storage(h0, FLOAT, "h_init")]
-    prologue = _function([context, token0, h0, *others, *packed_reads], [*hoisted, *copies])
+    copies = [_storage(start, "int32", "token_init"), _storage(h0, FLOAT, "h_init")]
+    prologue = _function([context, start, h0, *others, *packed_reads], [*hoisted, *copies])
     unpacked = [p for n, p in params.items() if n in weights]
     pack = _function(unpacked, [splitter.packed[g.name][0] for g in plan.gemms])
 
-    args = [Arg("context", (B, H), FLOAT, "context"), Arg("token0", (B,), "int32", "state"),
+    args = [Arg("context", (B, H), FLOAT, "context"), Arg("start", (B,), "int32", "state"),
             Arg("h0", (B, H), FLOAT, "state")]
     args += [Arg(p.op.name, _shape(p), FLOAT, "param") for p in others]
     args += [Arg(p.op.name, _shape(p), FLOAT, "packed") for p in packed_reads]
@@ -233,24 +233,24 @@ class GreedyDecoder:
         self._device = target.device()
 
     def pack(self, params: dict) -> dict:
+        p = self.program
+        unpacked = [a for a in p.pack_args if a.role == "param"] + [a for a in p.args if a.role == "param"]
+        _check_names(params, "params", {a.name for a in unpacked}, required=True)
         frame = _frame(next(iter(params.values())), self._device)
-        tensors, packed = [], {}
-        for arg in self.program.pack_args:
-            if arg.role == "param":
-                _check(params[arg.name], f"params['{arg.name}']", arg.shape, arg.dtype)
-                tensors.append(frame.share(params[arg.name]))
-            else:
-                tensors.append(packed.setdefault(arg.name, _new(arg, self._device, zeros=False)))
+        weights = {}
+        for arg in unpacked:
+            _check(params[arg.name], f"params['{arg.name}']", arg.shape, arg.dtype)
+            weights[arg.name] = frame.share(params[arg.name])
+        weights |= {a.name: _new(a, self._device, zeros=False) for a in p.pack_args if a.role == "packed"}
         with frame.stream():
-            self.module["pack"](*tensors)
-        shared = {a.name: frame.share(params[a.name]) for a in self.program.args if a.role == "param"}
-        return {**shared, **packed}
+            self.module["pack"](*(weights[a.name] for a in p.pack_args))
+        return {a.name: weights[a.name] for a in p.args if a.role in ("param", "packed")}
 
     def __call__(self, weights: dict, context, h0, start):
         p = self.program
         N, B, H, V = p.steps, p.batch, p.decoder.hidden_size, p.decoder.vocab_size
         frame = _frame(context, self._device)
-        inputs = {"context": context, "h0": h0, "token0": start}
+        inputs = {"context": context, "h0": h0, "start": start}
         tensors, outputs = [], {}
         for arg in p.args:
             if arg.name in inputs:

@@ -54,6 +54,11 @@ class TorchSeq2Seq(torch.nn.Module):
         self.decoder = torch.nn.GRUCell(embed_size + hidden_size, hidden_size)
         self.out = torch.nn.Linear(embed_size + 2 * hidden_size, vocab_size)
 
+    def decoder_parameters(self) -> dict[str, torch.Tensor]:
+        """``GRUDecoder``'s parameters by name: this module's own tensors."""
+        gru = {n: getattr(self.decoder, n) for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+        return {"embedding": self.tgt_embedding.weight, **gru, "out_weight": self.out.weight, "out_bias": self.out.bias}
+
     def encode(self, source):
         """Source tokens (T, B) -> every output of the top layer (T, B, H), final states (L, B, H)."""
         return self.encoder(self.src_embedding(source))
@@ -68,7 +73,9 @@ class TorchSeq2Seq(torch.nn.Module):
             h = self.decoder(torch.cat([e, context], 1), h)
             out = self.out(torch.cat([e, h, context], 1))
             token = out.argmax(1)
-            tokens.append(token), hidden.append(h), logits.append(out)
+            tokens.append(token)
+            hidden.append(h)
+            logits.append(out)
         return torch.stack(tokens), torch.stack(hidden), torch.stack(logits)
 
     def forward(self, source, start, steps: int):
@@ -86,11 +93,6 @@ class Seq2Seq(TorchSeq2Seq):
         self.encoder = halstm_nn.GRU(embed_size, hidden_size, num_layers)
         self.step = GRUDecoder(vocab_size, embed_size, hidden_size)
         self._compiled, self._packed = {}, {}
-
-    def decoder_parameters(self) -> dict[str, torch.Tensor]:
-        """``GRUDecoder``'s parameters by name: this module's own tensors."""
-        gru = {n: getattr(self.decoder, n) for n in self.step.gru.parameters()}
-        return {"embedding": self.tgt_embedding.weight, **gru, "out_weight": self.out.weight, "out_bias": self.out.bias}
 
     def decode(self, context, start, steps: int):
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
