@@ -32,12 +32,7 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     the tuning database (``database``: a path or ``halstm.database.Database``; False to skip it)
     decides, else the first recipe that applies with its default knobs.
     """
-    check_cell(cell)
-    for name, value in (("steps", steps), ("batch", batch)):
-        if not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)
     plan = make_plan(cell)
     program = lower(cell, int(steps), int(batch), dtype, plan)
@@ -64,6 +59,16 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
         raise ValueError(f"recipe '{recipe.name}' does not apply to {cell!r} on {target}")
     module = target.build(schedule.mod, **getattr(recipe, "build_options", {}))
     return CompiledCell(program, target, recipe, knobs, schedule, module)
+
+
+def check_problem(cell: Cell, steps, batch, dtype) -> None:
+    """Reject a cell, shape or dtype that cannot be compiled, naming what is wrong."""
+    check_cell(cell)
+    for name, value in (("steps", steps), ("batch", batch)):
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
 
 
 def _tuned(cell, steps, batch, dtype, target, database):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import te
 
-from .cell import Cell, Params, placeholders, trace
+from .cell import Cell, Params, Trace, placeholders, trace
 from .ops import plain_matmul
 from .plan import Gemm, Plan, make_plan
 from .runtime import Arg
@@ -83,16 +83,20 @@ class PackedLayout:
         return packed[k, n] if self.tile is None else packed[n // self.tile, k, n % self.tile]
 
 
+def stacked(gemm: Gemm, params: Params, n, k):
+    """Row n, column k of the weights of a GEMM's matmuls stacked in call order (zero past them)."""
+    members = [(gemm.offset(m), params[m.weight]) for m in gemm.members]
+    v = te.const(0, members[0][1].dtype)
+    for start, w in reversed(members):
+        v = te.if_then_else(n < start + int(w.shape[0]), w[n - start, k], v)
+    return v
+
+
 def _packed(gemm: Gemm, params: Params, layout: PackedLayout, name: str) -> te.Tensor:
     """The weights of a GEMM's matmuls stacked in call order, transposed, in ``layout``."""
-    members = [(gemm.offset(m), params[m.weight]) for m in gemm.members]
-    dtype = members[0][1].dtype
 
     def value(k, n):
-        v = te.const(0, dtype)
-        for start, w in reversed(members):
-            v = te.if_then_else(n < start + int(w.shape[0]), w[n - start, k], v)
-        return v
+        return stacked(gemm, params, n, k)
 
     def at(*i):
         return value(*i) if layout.tile is None else value(i[1], i[0] * layout.tile + i[2])
@@ -162,25 +166,42 @@ def _trace_with(plan: Plan, x, states, params, gemm_result):
                  _Tracer(plan, gemm_result))
 
 
+@dataclass
+class Hoisted:
+    """A trace over all T*B rows: the hoisted GEMMs (results and operands) and every GEMM's packed
+    weights, by GEMM name."""
+
+    gemms: dict
+    operands: dict
+    packed: dict
+
+
+def trace_hoisted(plan: Plan, x, states, params, layout: PackedLayout) -> Hoisted:
+    packed = {g.name: _packed(g, params, layout, f"w_packed{i}") for i, g in enumerate(plan.gemms)}
+    gemms, operands = {}, {}
+
+    def gemm_result(gemm, a, _weight):
+        if gemm.stage != 0:
+            return None
+        if gemm.name not in gemms:
+            gemms[gemm.name] = _gemm(a, packed[gemm.name], layout, gemm.rows, gemm.name)
+            operands[gemm.name] = a
+        return gemms[gemm.name]
+
+    _trace_with(plan, x, states, params, gemm_result)
+    return Hoisted(gemms, operands, packed)
+
+
 def _prologue(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
     """Hoisted GEMMs over all T*B rows, packed recurrent weights, initial states into the sequences."""
     cell = plan.cell
     x, states, params = placeholders(cell, steps * batch, dtype)
     inits = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}0") for s in cell.states]
-    packed = {g.name: _packed(g, params, layout, f"w_packed{i}") for i, g in enumerate(plan.gemms)}
-    hoisted = {}
-
-    def gemm_result(gemm, a, _weight):
-        if gemm.stage != 0:
-            return None
-        if gemm.name not in hoisted:
-            hoisted[gemm.name] = _gemm(a, packed[gemm.name], layout, gemm.rows, gemm.name)
-        return hoisted[gemm.name]
-
-    _trace_with(plan, x, states, params, gemm_result)
+    hoisted = trace_hoisted(plan, x, states, params, layout)
     copies = [_storage(p, dtype, f"{s}_init") for s, p in zip(cell.states, inits)]
     outputs = (
-        [hoisted[g.name] for g in plan.hoisted] + [packed[g.name] for g in plan.gemms if g.stage > 0] + copies
+        [hoisted.gemms[g.name] for g in plan.hoisted] + [hoisted.packed[g.name] for g in plan.gemms if g.stage > 0]
+        + copies
     )
     inputs = [x, *inits, *params.values()]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
@@ -188,6 +209,30 @@ def _prologue(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayo
 
 def _step(plan: Plan, batch: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
     """One step on row-block views: per stage the combined GEMM, then the elementwise math."""
+    step = trace_step(plan, batch, dtype, layout)
+    nexts = [_storage(t, dtype, f"{s}_next") for s, t in zip(plan.cell.states, step.traced.next_states)]
+    return _prim_func(step.inputs, nexts, [t.op.name for t in step.inputs + nexts])
+
+
+@dataclass
+class StepTrace:
+    """One step traced on row-block views: its placeholders, the planned GEMMs of its stages (results
+    and operands, by GEMM name) and the cell's math."""
+
+    x_proj: dict
+    states: list
+    params: Params
+    packed: dict
+    gemms: dict
+    operands: dict
+    traced: Trace
+
+    @property
+    def inputs(self) -> list:
+        return [*self.x_proj.values(), *self.states, *self.params.values(), *self.packed.values()]
+
+
+def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout) -> StepTrace:
     cell = plan.cell
     x, _, params = placeholders(cell, batch, dtype)
     states = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}_t") for s in cell.states]
@@ -197,19 +242,18 @@ def _step(plan: Plan, batch: int, dtype: str, layout: PackedLayout) -> tvm.tirx.
         for i, g in enumerate(plan.gemms)
         if g.stage > 0
     }
-    gemms = {}
+    gemms, operands = {}, {}
 
     def gemm_result(gemm, a, _weight):
         if gemm.stage == 0:
             return x_proj[gemm.name]
         if gemm.name not in gemms:
             gemms[gemm.name] = _gemm(a, packed[gemm.name], layout, gemm.rows, gemm.name)
+            operands[gemm.name] = a
         return gemms[gemm.name]
 
     traced = _trace_with(plan, x, states, params, gemm_result)
-    nexts = [_storage(t, dtype, f"{s}_next") for s, t in zip(cell.states, traced.next_states)]
-    inputs = [*x_proj.values(), *states, *params.values(), *packed.values()]
-    return _prim_func(inputs, nexts, [t.op.name for t in inputs + nexts])
+    return StepTrace(x_proj, states, params, packed, gemms, operands, traced)
 
 
 def _view(name: str, buffer: str, row: str, rows: int, cols: int, dtype: str) -> str:

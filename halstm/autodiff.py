@@ -1,0 +1,306 @@
+"""Reverse mode over tensor expressions: the adjoint of each tensor, built as new ``te.compute``s.
+
+TVM 0.27 has no ``te.gradient``, so adjoints are derived here from the forward expressions. For a
+compute Y[i] = f(..., X[phi(i)], ...), each distinct read of X adds to X's adjoint
+
+    dX[j] += sum over i with phi(i) = j of dY[i] * (df / dX[phi(i)])(i)
+
+In each dimension ``phi`` must be an axis plus a constant or a constant (a ``split`` slice, a bias
+read as b[n] in a (B, N) compute, a GEMM operand a[b, k]); the axes it leaves out (the batch axis of
+the bias, the n of the GEMM) are summed over. A ``te.sum`` is differentiated through its source, its
+reduce axes counted as axes of Y. The scalar derivative df/dX is built node by node, for the node
+kinds that the oracle evaluates; anything else raises, naming what and where.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+
+import tvm_ffi
+from tvm import te, tirx
+from tvm.ir import Call
+from tvm.sym import detect_linear_equation
+
+_LOAD = "te.tensor_load"
+_BINARY = {"Add", "Sub", "Mul", "Div", "Min", "Max", "FloorDiv", "FloorMod",
+           "LT", "LE", "GT", "GE", "EQ", "NE", "And", "Or"}
+_BOOLEAN = {"LT", "LE", "GT", "GE", "EQ", "NE", "And", "Or", "Not"}
+
+# d f(a) / da from the argument a and the value y = f(a)
+_CALLS = {
+    "sigmoid": lambda a, y: y * (1.0 - y),
+    "tanh": lambda a, y: 1.0 - y * y,
+    "exp": lambda a, y: y,
+    "log": lambda a, y: 1.0 / a,
+    "sqrt": lambda a, y: 0.5 / y,
+    "rsqrt": lambda a, y: -0.5 * y / a,
+    "fabs": lambda a, y: tirx.Select(a >= 0.0, tirx.const(1.0, str(a.ty)), tirx.const(-1.0, str(a.ty))),
+    "erf": lambda a, y: 2.0 / math.sqrt(math.pi) * tirx.exp(-a * a),
+}
+_FLAT = {"floor", "ceil", "round", "trunc"}  # derivative zero wherever it exists
+
+
+def adjoints(outputs, seeds, wrt, rules=None) -> list[te.Tensor | None]:
+    """The adjoints of the tensors ``wrt`` given those of ``outputs`` (``seeds``, same shapes).
+
+    Every compute between them is differentiated in reverse topological order. ``rules`` maps an op
+    to its own rule, ``rule(dY)`` giving (input, contribution) pairs: a planned GEMM's product with
+    the transposed weights, say. A tensor in ``wrt`` that the outputs do not depend on gets None.
+    """
+    rules = rules or {}
+    targets = {t.op for t in wrt}
+    order = _topological(outputs)
+    depends = {}
+    for op in order:
+        depends[op] = op in targets or any(depends[t.op] for t in op.input_tensors)
+    parts = {op: [] for op in order}
+    for out, seed in zip(outputs, seeds):
+        parts[out.op].append(seed)
+    adjoint = {}
+    for op in reversed(order):
+        if not depends[op] or not parts[op]:
+            continue
+        adjoint[op] = dy = _total(op.output(0), parts[op])
+        if op in rules:
+            reads = rules[op](dy)
+        elif isinstance(op, te.ComputeOp):
+            reads = _reads(op, dy, lambda t: depends[t.op])
+        else:
+            continue  # a placeholder: a leaf
+        for tensor, contribution in reads:
+            parts[tensor.op].append(contribution)
+    return [adjoint.get(t.op) for t in wrt]
+
+
+def _topological(outputs) -> list:
+    """The ops the outputs are computed from, each after its inputs."""
+    order, seen = [], set()
+
+    def visit(op):
+        if op not in seen:
+            seen.add(op)
+            for t in op.input_tensors:
+                visit(t.op)
+            order.append(op)
+
+    for t in outputs:
+        visit(t.op)
+    return order
+
+
+def _total(tensor: te.Tensor, parts: list):
+    """The sum of a tensor's adjoint contributions (tensors, or functions of the indices)."""
+    if len(parts) == 1 and isinstance(parts[0], te.Tensor):
+        return parts[0]
+    return te.compute(tensor.shape, lambda *j: functools.reduce(operator.add, (p(*j) for p in parts)),
+                      name=f"d_{tensor.op.name}")
+
+
+def _reads(op, dy, needed):
+    """(tensor, contribution to its adjoint) for each distinct read in op of a tensor in ``needed``."""
+    if op.num_outputs != 1:
+        raise NotImplementedError(f"backward: compute '{op.name}' has {op.num_outputs} outputs; one is supported")
+    body, axes, condition = op.body[0], list(op.axis), None
+    if type(body).__name__ == "Reduce":
+        if type(body.combiner.result[0]).__name__ != "Add" or len(body.source) != 1:
+            raise NotImplementedError(f"backward: reduction '{op.name}' is not a sum ({body.combiner}); only te.sum is supported")
+        axes += list(body.axis)
+        condition = None if _is_true(body.condition) else body.condition
+        body = body.source[0]
+    domain = {iv.var: int(iv.dom.extent) for iv in axes}
+    for read in _distinct_reads(body):
+        tensor = read.args[0]
+        partial = _Derivative(read, op.name).of(body) if needed(tensor) else None
+        if partial is not None:
+            yield tensor, _scatter(op, dy, read, partial, condition, domain)
+
+
+def _scatter(op, dy, read, partial, condition, domain):
+    """The contribution of one read X[phi(i)] in op: dY[i] * partial, gathered onto X's indices."""
+    tensor, *index = read.args
+    shape = [int(d) for d in tensor.shape]
+    maps = [_axis_plus_constant(e, domain, read, op) for e in index]
+    bound = [v for v, _ in maps if v is not None]
+    free = [v for v in domain if not any(v.same_as(b) for b in bound)]
+    identity = (
+        shape == [int(d) for d in op.output(0).shape] and not free and condition is None
+        and all(v is not None and v.same_as(iv.var) and c == 0 for (v, c), iv in zip(maps, op.axis))
+        and type(partial).__name__ == "FloatImm" and partial.value == 1.0
+    )
+    if identity:  # a copy's adjoint is the adjoint of its result
+        return dy
+
+    def term(j, env):
+        inside = []
+        for d, (v, c) in enumerate(maps):
+            if v is None:
+                inside.append(j[d] == c)
+                continue
+            env[v] = j[d] - c
+            if c > 0 or c + domain[v] < shape[d]:  # X[j] is read by part of Y only: clamp, then mask
+                inside += [j[d] >= c, j[d] < c + domain[v]]
+                env[v] = tirx.max(tirx.min(env[v], domain[v] - 1), 0)
+        value = dy(*(env[iv.var] for iv in op.axis)) * _cast(_rebuild(partial, env), dy.dtype)
+        if condition is not None:
+            inside.append(_rebuild(condition, env))
+        return tirx.Select(tirx.all(*inside), value, tirx.const(0, dy.dtype)) if inside else value
+
+    if not free:
+        return lambda *j: term(j, {})
+
+    def summed(*j):
+        axes = [te.reduce_axis((0, domain[v]), name=v.name) for v in free]
+        return te.sum(term(j, {v: a.var for v, a in zip(free, axes)}), axis=axes)
+
+    return te.compute(shape, summed, name=f"d_{tensor.op.name}_{op.name}")
+
+
+def _axis_plus_constant(e, domain, read, op):
+    """(v, c) with e = v + c for an axis v of the compute, or (None, c) for a constant."""
+    variables = list(domain)
+    coefficients = detect_linear_equation(e, variables)
+    if len(coefficients) == len(variables) + 1 and all(type(c).__name__ == "IntImm" for c in coefficients):
+        used = [(v, int(c)) for v, c in zip(variables, coefficients[:-1]) if int(c)]
+        if not used:
+            return None, int(coefficients[-1])
+        if len(used) == 1 and used[0][1] == 1:
+            return used[0][0], int(coefficients[-1])
+    raise NotImplementedError(
+        f"backward: compute '{op.name}' reads {read.args[0].op.name} at index {e}; only an axis plus a "
+        "constant, or a constant, can be differentiated"
+    )
+
+
+def _is_true(e) -> bool:
+    return e is None or (type(e).__name__ == "IntImm" and bool(e.value))
+
+
+def _is_load(e) -> bool:
+    return type(e).__name__ == "Call" and e.op.name == _LOAD
+
+
+def _children(e) -> list:
+    kind = type(e).__name__
+    if kind in _BINARY:
+        return [e.a, e.b]
+    if kind in ("Cast", "Not"):
+        return [e.value if kind == "Cast" else e.a]
+    if kind == "Select":
+        return [e.condition, e.true_value, e.false_value]
+    if kind == "Call":
+        return list(e.args[1:] if _is_load(e) else e.args)
+    return []
+
+
+def _same_read(a, b) -> bool:
+    return a.args[0].same_as(b.args[0]) and all(
+        tvm_ffi.structural_equal(x, y) for x, y in zip(a.args[1:], b.args[1:]))
+
+
+def _distinct_reads(e) -> list:
+    found, todo = [], [e]
+    while todo:
+        node = todo.pop()
+        if _is_load(node) and not any(_same_read(node, f) for f in found):
+            found.append(node)
+        todo += _children(node)
+    return found
+
+
+def _rebuild(e, env: dict):
+    """e with its variables replaced as ``env`` says (TVM 0.27's Python has no substitute)."""
+    kind = type(e).__name__
+    if kind == "Var":
+        return env.get(e, e)
+    if kind in ("IntImm", "FloatImm"):
+        return e
+    if kind in _BINARY:
+        return type(e)(_rebuild(e.a, env), _rebuild(e.b, env))
+    if kind == "Cast":
+        return tirx.Cast(str(e.ty), _rebuild(e.value, env))
+    if kind == "Not":
+        return tirx.Not(_rebuild(e.a, env))
+    if kind == "Select":
+        return tirx.Select(*(_rebuild(v, env) for v in _children(e)))
+    if kind == "Call":
+        if _is_load(e):
+            return e.args[0](*(_rebuild(i, env) for i in e.args[1:]))
+        return Call(e.op, [_rebuild(a, env) for a in e.args], ret_ty=e.ty)
+    raise NotImplementedError(f"backward: cannot rebuild {kind} ({e})")
+
+
+def _cast(e, dtype: str):
+    return e if str(e.ty) == dtype else tirx.Cast(dtype, e)
+
+
+def _plus(*terms):
+    terms = [t for t in terms if t is not None]
+    return functools.reduce(operator.add, terms) if terms else None
+
+
+def _or_zero(e, like):
+    return tirx.const(0, str(like.ty)) if e is None else e
+
+
+class _Derivative:
+    """d e / d read for one read of a tensor, in terms of e's own variables; None where zero."""
+
+    def __init__(self, read, where: str):
+        self.read, self.where = read, where
+
+    def of(self, e):
+        kind = type(e).__name__
+        if kind in ("Var", "IntImm", "FloatImm") or kind in _BOOLEAN:
+            return None
+        if kind in ("Add", "Sub"):
+            da, db = self.of(e.a), self.of(e.b)
+            return _plus(da, db if kind == "Add" or db is None else -db)
+        if kind == "Mul":
+            da, db = self.of(e.a), self.of(e.b)
+            return _plus(None if da is None else da * e.b, None if db is None else e.a * db)
+        if kind == "Div":
+            da, db = self.of(e.a), self.of(e.b)
+            return _plus(None if da is None else da / e.b, None if db is None else -(e / e.b) * db)
+        if kind in ("Min", "Max"):
+            da, db = self.of(e.a), self.of(e.b)
+            if da is None and db is None:
+                return None
+            first = e.a <= e.b if kind == "Min" else e.a >= e.b
+            return tirx.Select(first, _or_zero(da, e), _or_zero(db, e))
+        if kind == "Select":
+            dt, df = self.of(e.true_value), self.of(e.false_value)
+            if dt is None and df is None:
+                return None
+            return tirx.Select(e.condition, _or_zero(dt, e), _or_zero(df, e))
+        if kind == "Cast":
+            dv = self.of(e.value)
+            return None if dv is None or not str(e.ty).startswith(("float", "bfloat")) else tirx.Cast(str(e.ty), dv)
+        if kind in ("FloorDiv", "FloorMod") and str(e.ty).startswith("int"):
+            return None
+        if kind == "Call":
+            return self._call(e)
+        raise NotImplementedError(f"backward: cannot differentiate {kind} in compute '{self.where}' ({e})")
+
+    def _call(self, e):
+        name = e.op.name.split(".")[-1]
+        if _is_load(e):
+            return tirx.const(1.0, str(e.ty)) if _same_read(e, self.read) else None
+        if name in _FLAT:
+            return None
+        if name == "if_then_else":
+            cond, t, f = e.args
+            dt, df = self.of(t), self.of(f)
+            if dt is None and df is None:
+                return None
+            return tirx.if_then_else(cond, _or_zero(dt, e), _or_zero(df, e))
+        if name == "pow":
+            a, b = e.args
+            da, db = self.of(a), self.of(b)
+            return _plus(None if da is None else b * tirx.pow(a, b - 1.0) * da,
+                         None if db is None else e * tirx.log(a) * db)
+        if name in _CALLS:
+            da = self.of(e.args[0])
+            return None if da is None else _CALLS[name](e.args[0], e) * da
+        raise NotImplementedError(f"backward: no derivative for '{e.op.name}' in compute '{self.where}'")

@@ -1,0 +1,373 @@
+"""Backward through time, lowered like the forward.
+
+Given the forward's state sequences and G_s, the gradient of a loss with respect to each state
+sequence ((T+1)*B rows, the initial state first, as the forward stores them), two TensorIR functions
+compute the gradients with respect to x, every parameter and the initial states. Both have the
+forward's form, a prologue then a step, so the recipes that schedule the forward schedule them:
+
+  bptt     the time loop reversed. Prologue: the hoisted GEMMs recomputed over all T*B rows, the
+           recurrent weights packed as the forward packs them and transposed, D_s[T] = G_s[T].
+           Step t = T-1 .. 0 on row-block views: the step's GEMMs recomputed from the stored states,
+           then the adjoints that ``halstm.autodiff`` derives from the step's expressions, where a
+           recurrent GEMM G = A W^T passes dA = dG W (a GEMM with the transposed weights). It writes
+           D_s[t] = G_s[t] + dS_t, and keeps for the weights each GEMM result's adjoint dG, each
+           recurrent GEMM's operand A and each elementwise parameter's adjoint.
+  weights  one step over all T*B rows, no recurrence. Prologue: the GEMM operands and the hoisted
+           GEMMs' weights packed. Step: per GEMM dW = dG^T A; per hoisted GEMM dA = dG W, then back
+           through the hoisted operand's expression to x and the parameters; the elementwise
+           parameters' adjoints summed over t.
+
+``D_s`` is float32 whatever the storage dtype; gradients come out in the storage dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from dataclasses import dataclass
+
+import tvm
+from tvm import te
+
+from .autodiff import adjoints
+from .cell import Cell, placeholders
+from .lowering import (ACCUMULATE, PackedLayout, Program, Skeleton, _body, _gemm, _prim_func, _storage,
+                       _view, indent, stacked, trace_hoisted, trace_step)
+from .plan import Gemm, Plan, make_plan
+from .runtime import Arg
+
+
+@dataclass(frozen=True)
+class GradGemm:
+    """A GEMM of the backward: ``name = left @ right``, giving ``gives``."""
+
+    name: str
+    left: str
+    right: str
+    gives: str
+
+    def __str__(self):
+        return f"{self.name} = {self.left} @ {self.right} -> {self.gives}"
+
+
+@dataclass
+class BackwardPlan:
+    """The forward's plan and the GEMMs the backward adds to it."""
+
+    forward: Plan
+
+    @property
+    def cell(self) -> Cell:
+        return self.forward.cell
+
+    @property
+    def recurrent(self) -> list[Gemm]:
+        return [g for g in self.forward.gemms if g.stage > 0]
+
+    @property
+    def each_step(self) -> list[GradGemm]:
+        return [_operand_adjoint(g) for g in self.recurrent]
+
+    @property
+    def after_loop(self) -> list[GradGemm]:
+        return [_weight_adjoint(g) for g in self.forward.gemms] + [_operand_adjoint(g) for g in self.forward.hoisted]
+
+    @property
+    def gemms(self) -> list:
+        """Every GEMM block (recipes schedule these as GEMMs): the forward's, recomputed, and the adjoints."""
+        return [*self.forward.gemms, *self.each_step, *self.after_loop]
+
+    def __str__(self):
+        lines = [f"backward plan for {self.cell!r}"]
+        if self.forward.hoisted:
+            lines.append("  before the reversed time loop: " + ", ".join(g.name for g in self.forward.hoisted)
+                         + " recomputed over all T*B rows")
+        lines.append("  each step, t = T-1 .. 0: " + ", ".join(g.name for g in self.recurrent)
+                     + " recomputed; the step's adjoints, with")
+        lines += [f"    {g}" for g in self.each_step]
+        lines.append("  after the loop, over all T*B rows:")
+        lines += [f"    {g}" for g in self.after_loop]
+        return "\n".join(lines)
+
+
+def _weights_of(g: Gemm) -> str:
+    return "[" + " | ".join(m.weight for m in g.members) + "]"
+
+
+def _operand_adjoint(g: Gemm) -> GradGemm:
+    return GradGemm(f"grad_a_{g.name}", f"d{g.name}", _weights_of(g), f"d {g.operand.op.name}")
+
+
+def _weight_adjoint(g: Gemm) -> GradGemm:
+    return GradGemm(f"grad_w_{g.name}", f"d{g.name}^T", g.operand.op.name, f"d {_weights_of(g)}")
+
+
+@dataclass
+class BackwardProgram:
+    """The two lowered functions, called in order; they share buffers by name."""
+
+    plan: BackwardPlan
+    bptt: Program
+    weights: Program
+
+    @property
+    def args(self) -> list[Arg]:
+        """Every buffer of both functions once, in order of first use."""
+        seen = {}
+        for a in self.bptt.args + self.weights.args:
+            seen.setdefault(a.name, a)
+        return list(seen.values())
+
+
+def lower_backward(
+    cell: Cell,
+    steps: int,
+    batch: int,
+    dtype: str = "float32",
+    plan: Plan | None = None,
+    layout: PackedLayout = PackedLayout(),
+) -> BackwardProgram:
+    """The backward of ``lower(cell, steps, batch, dtype, plan, layout)`` (unscheduled)."""
+    backward = BackwardPlan(plan or make_plan(cell))
+    bptt, kept = _bptt(backward, steps, batch, dtype, layout)
+    weights = _weights(backward, steps, batch, dtype, layout, kept)
+    return BackwardProgram(backward, bptt, weights)
+
+
+def _numel(shape) -> int:
+    return math.prod(int(d) for d in shape)
+
+
+def _param_args(cell: Cell, dtype: str) -> list[Arg]:
+    return [Arg(n, tuple(shape), dtype, "param") for n, shape in cell.parameters().items()]
+
+
+def _function(plan, steps, batch, dtype, layout, frame: Skeleton, loop: str) -> Program:
+    func = tvm.script.from_source(frame.source(loop))
+    return Program(plan.cell, plan, steps, batch, dtype, layout, func, frame.args)
+
+
+# --- bptt: the reversed time loop --------------------------------------------------------------
+
+def _bptt(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tuple[Program, list[str]]:
+    """The reversed time loop, and the parameters whose adjoints it keeps per step."""
+    cell, forward, H = plan.cell, plan.forward, plan.cell.hidden_size
+    step, kept = _bptt_step(plan, B, dtype, layout)
+    recurrent = [(i, g) for i, g in enumerate(forward.gemms) if g.stage > 0]
+    args = [Arg("x", (T * B, cell.input_size), dtype, "x"), *_param_args(cell, dtype)]
+    args += [Arg(f"{s}_seq", ((T + 1) * B, H), dtype, "seq") for s in cell.states]
+    args += [Arg(f"g{s}_seq", ((T + 1) * B, H), dtype, "grad") for s in cell.states]
+    args += [Arg(f"d{s}_seq", ((T + 1) * B, H), ACCUMULATE, "buffer") for s in cell.states]
+    args += [Arg(f"d{g.name}_seq", (T * B, g.rows), ACCUMULATE, "buffer") for g in forward.gemms]
+    args += [Arg(f"a_{g.name}_seq", (T * B, g.depth), ACCUMULATE, "buffer") for _, g in recurrent]
+    args += [Arg(f"d{p}_seq", (T, _numel(cell.parameters()[p])), ACCUMULATE, "buffer") for p in kept]
+    allocs = [f'{g.name} = T.alloc_buffer(({T * B}, {g.rows}), "{ACCUMULATE}")' for g in forward.hoisted]
+    allocs += [f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")' for i, g in recurrent]
+    allocs += [f'w_packed_t{i} = T.alloc_buffer({layout.shape(g.rows, g.depth)}, "{dtype}")' for i, g in recurrent]
+    prologue = [_view(f"d{s}_last", f"d{s}_seq", str(T * B), B, H, ACCUMULATE) for s in cell.states]
+    prologue += [_view(f"g{s}_last", f"g{s}_seq", str(T * B), B, H, dtype) for s in cell.states]
+    prologue.append(_body(_bptt_prologue(plan, T, B, dtype, layout)))
+    row, t = f"({T - 1} - t) * {B}", f"{T - 1} - t"
+    views = [_view(f"{g.name}_t", g.name, row, B, g.rows, ACCUMULATE) for g in forward.hoisted]
+    views += [_view(f"{s}_t", f"{s}_seq", row, B, H, dtype) for s in cell.states]
+    views += [_view(f"g{s}_t", f"g{s}_seq", row, B, H, dtype) for s in cell.states]
+    views += [_view(f"d{s}_next", f"d{s}_seq", f"{row} + {B}", B, H, ACCUMULATE) for s in cell.states]
+    views += [_view(f"d{s}_t", f"d{s}_seq", row, B, H, ACCUMULATE) for s in cell.states]
+    views += [_view(f"d{g.name}_t", f"d{g.name}_seq", row, B, g.rows, ACCUMULATE) for g in forward.gemms]
+    views += [_view(f"a_{g.name}_t", f"a_{g.name}_seq", row, B, g.depth, ACCUMULATE) for _, g in recurrent]
+    views += [_view(f"d{p}_t", f"d{p}_seq", t, 1, _numel(cell.parameters()[p]), ACCUMULATE) for p in kept]
+    frame = Skeleton(args, allocs, prologue, views)
+    loop = f"""    for t in range({T}):
+        with T.sblock("step"):
+{indent(frame.step_views, 12)}
+{indent([_body(step)], 12)}"""
+    return _function(plan, T, B, dtype, layout, frame, loop), kept
+
+
+def _bptt_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
+    cell, forward = plan.cell, plan.forward
+    x, states, params = placeholders(cell, T * B, dtype)
+    hoisted = trace_hoisted(forward, x, states, params, layout)
+    recurrent = [(i, g) for i, g in enumerate(forward.gemms) if g.stage > 0]
+    grads = [te.placeholder((B, cell.hidden_size), dtype, name=f"g{s}_last") for s in cell.states]
+    outputs = [hoisted.gemms[g.name] for g in forward.hoisted] + [hoisted.packed[g.name] for _, g in recurrent]
+    outputs += [_transposed(g, params, layout, f"w_packed_t{i}") for i, g in recurrent]
+    outputs += [_storage(g, ACCUMULATE, f"d{s}_last") for s, g in zip(cell.states, grads)]
+    inputs = [x, *params.values(), *grads]
+    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+
+
+def _bptt_step(plan: BackwardPlan, B: int, dtype: str, layout: PackedLayout) -> tuple[tvm.tirx.PrimFunc, list[str]]:
+    """One reversed step on row-block views, and the parameters it keeps adjoints of."""
+    cell, forward, H = plan.cell, plan.forward, plan.cell.hidden_size
+    step = trace_step(forward, B, dtype, layout)
+    transposed = {
+        g.name: te.placeholder(layout.shape(g.rows, g.depth), dtype, name=f"w_packed_t{i}")
+        for i, g in enumerate(forward.gemms)
+        if g.stage > 0
+    }
+    d_next = [te.placeholder((B, H), ACCUMULATE, name=f"d{s}_next") for s in cell.states]
+    grads = [te.placeholder((B, H), dtype, name=f"g{s}_t") for s in cell.states]
+
+    def operand_rule(g: Gemm):
+        def rule(d_result):
+            return [(step.operands[g.name], _gemm(d_result, transposed[g.name], layout, g.depth, f"grad_a_{g.name}"))]
+        return rule
+
+    rules = {step.gemms[g.name].op: operand_rule(g) for g in plan.recurrent}
+    results = [step.x_proj[g.name] if g.stage == 0 else step.gemms[g.name] for g in forward.gemms]
+    found = adjoints(step.traced.next_states, d_next, [*results, *step.states, *step.params.values()], rules)
+    d_results, found = found[: len(results)], found[len(results):]
+    d_states, d_params = found[: len(step.states)], dict(zip(step.params, found[len(step.states):]))
+    kept = [p for p, d in d_params.items() if d is not None]
+
+    outputs = [
+        _total([lambda *i, g=g: g(*i).astype(ACCUMULATE)] + ([] if d is None else [d]), (B, H), ACCUMULATE, f"d{s}_t")
+        for s, g, d in zip(cell.states, grads, d_states)
+    ]
+    outputs += [_storage(_or_zeros(d, r), ACCUMULATE, f"d{g.name}_t") for g, r, d in zip(forward.gemms, results, d_results)]
+    outputs += [_storage(step.operands[g.name], ACCUMULATE, f"a_{g.name}_t") for g in plan.recurrent]
+    outputs += [_flat(d_params[p], f"d{p}_t") for p in kept]
+    inputs = [*step.inputs, *transposed.values(), *d_next, *grads]
+    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs]), kept
+
+
+# --- weights: all T*B rows at once ---------------------------------------------------------------
+
+def _weights(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout, kept: list[str]) -> Program:
+    cell, forward, H = plan.cell, plan.forward, plan.cell.hidden_size
+    shapes = cell.parameters()
+    args = [Arg("x", (T * B, cell.input_size), dtype, "x"), *_param_args(cell, dtype)]
+    args += [Arg(f"d{s}_seq", ((T + 1) * B, H), ACCUMULATE, "buffer") for s in cell.states]
+    args += [Arg(f"d{g.name}_seq", (T * B, g.rows), ACCUMULATE, "buffer") for g in forward.gemms]
+    args += [Arg(f"a_{g.name}_seq", (T * B, g.depth), ACCUMULATE, "buffer") for g in plan.recurrent]
+    args += [Arg(f"d{p}_seq", (T, _numel(shapes[p])), ACCUMULATE, "buffer") for p in kept]
+    args += [Arg("dx", (T * B, cell.input_size), dtype, "output")]
+    args += [Arg(f"d{s}0", (B, H), dtype, "output") for s in cell.states]
+    args += [Arg(f"d{p}", tuple(shape), dtype, "output") for p, shape in shapes.items()]
+    allocs = [f'w_packed_t{i} = T.alloc_buffer({layout.shape(g.rows, g.depth)}, "{dtype}")'
+              for i, g in enumerate(forward.gemms) if g.stage == 0]
+    allocs += [f'w_packed_a{i} = T.alloc_buffer({layout.shape(T * B, g.depth)}, "{ACCUMULATE}")'
+               for i, g in enumerate(forward.gemms)]
+    prologue = [_view(f"d{s}_first", f"d{s}_seq", "0", B, H, ACCUMULATE) for s in cell.states]
+    prologue.append(_body(_weights_prologue(plan, T, B, dtype, layout)))
+    frame = Skeleton(args, allocs, prologue, [])
+    loop = f"""    with T.sblock("step"):
+{indent([_body(_weights_step(plan, T, B, dtype, layout, kept))], 8)}"""
+    return _function(plan, T, B, dtype, layout, frame, loop)
+
+
+def _weights_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
+    """The initial states' gradients; every GEMM's operand over all rows and the hoisted GEMMs'
+    weights, packed."""
+    cell, forward = plan.cell, plan.forward
+    x, states, params = placeholders(cell, T * B, dtype)
+    stored = {g.name: te.placeholder((T * B, g.depth), ACCUMULATE, name=f"a_{g.name}_seq") for g in plan.recurrent}
+    operands = {**trace_hoisted(forward, x, states, params, layout).operands, **stored}
+    firsts = [te.placeholder((B, cell.hidden_size), ACCUMULATE, name=f"d{s}_first") for s in cell.states]
+    outputs = [_storage(f, dtype, f"d{s}0") for s, f in zip(cell.states, firsts)]
+    outputs += [_transposed(g, params, layout, f"w_packed_t{i}") for i, g in enumerate(forward.gemms) if g.stage == 0]
+    outputs += [
+        _pack(lambda k, n, a=operands[g.name]: a[k, n].astype(ACCUMULATE), T * B, g.depth, layout, f"w_packed_a{i}")
+        for i, g in enumerate(forward.gemms)
+    ]
+    inputs = [x, *params.values(), *stored.values(), *firsts]
+    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+
+
+def _weights_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout, kept: list[str]):
+    """dW = dG^T A per GEMM; dA = dG W per hoisted GEMM, on to x and the parameters."""
+    cell, forward, rows = plan.cell, plan.forward, T * B
+    x, states, params = placeholders(cell, rows, dtype)
+    hoisted = trace_hoisted(forward, x, states, params, layout)
+    d_results = {g.name: te.placeholder((rows, g.rows), ACCUMULATE, name=f"d{g.name}_seq") for g in forward.gemms}
+    packed = {
+        g.name: te.placeholder(layout.shape(rows, g.depth), ACCUMULATE, name=f"w_packed_a{i}")
+        for i, g in enumerate(forward.gemms)
+    }
+    transposed = {
+        g.name: te.placeholder(layout.shape(g.rows, g.depth), dtype, name=f"w_packed_t{i}")
+        for i, g in enumerate(forward.gemms)
+        if g.stage == 0
+    }
+    d_steps = {p: te.placeholder((T, _numel(params[p].shape)), ACCUMULATE, name=f"d{p}_seq") for p in kept}
+
+    d_operands = [_gemm(d_results[g.name], transposed[g.name], layout, g.depth, f"grad_a_{g.name}") for g in forward.hoisted]
+    dx, *found = adjoints([hoisted.operands[g.name] for g in forward.hoisted], d_operands, [x, *params.values()])
+    d_weights = {
+        g.name: _gemm(_transpose(d_results[g.name]), packed[g.name], layout, g.depth, f"grad_w_{g.name}")
+        for g in forward.gemms
+    }
+    outputs = [_storage(_or_zeros(dx, x), dtype, "dx")]
+    for (name, p), d in zip(params.items(), found):
+        terms = [] if d is None else [d]
+        terms += [
+            lambda n, k, w=d_weights[g.name], start=g.offset(m): w[n + start, k]
+            for g in forward.gemms for m in g.members if m.weight == name
+        ]
+        if name in kept:
+            terms.append(_summed_over_steps(d_steps[name], p.shape))
+        outputs.append(_total(terms, p.shape, dtype, f"d{name}"))
+    inputs = [x, *params.values(), *d_results.values(), *packed.values(), *transposed.values(), *d_steps.values()]
+    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+
+
+def _transpose(t: te.Tensor) -> te.Tensor:
+    return te.compute((t.shape[1], t.shape[0]), lambda n, r: t[r, n], name=f"{t.op.name}_transposed")
+
+
+def _summed_over_steps(seq: te.Tensor, shape) -> te.Tensor:
+    """The sum over t of a (T, numel) sequence of per-step adjoints, in ``shape``."""
+    strides = [math.prod(int(d) for d in shape[d + 1:]) for d in range(len(shape))]
+    t = te.reduce_axis((0, int(seq.shape[0])), name="t")
+    return te.compute(
+        shape, lambda *i: te.sum(seq[t, sum(v * s for v, s in zip(i, strides))], axis=t), name=f"{seq.op.name}_sum"
+    )
+
+
+def _total(terms: list, shape, dtype: str, name: str) -> te.Tensor:
+    """The sum of the terms (tensors or functions of the indices) in ``dtype``; zero without terms."""
+
+    def at(*i):
+        total = functools.reduce(operator.add, (t(*i) for t in terms)) if terms else tvm.tirx.const(0, ACCUMULATE)
+        return total.astype(dtype)
+
+    return te.compute(shape, at, name=name)
+
+
+def _or_zeros(adjoint, like: te.Tensor) -> te.Tensor:
+    if adjoint is not None:
+        return adjoint
+    return te.compute(like.shape, lambda *i: te.const(0, ACCUMULATE), name=f"d{like.op.name}_zero")
+
+
+def _flat(t: te.Tensor, name: str) -> te.Tensor:
+    """t as one row, (1, numel), in row-major order."""
+    shape = [int(d) for d in t.shape]
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+
+    def at(_, j):
+        return t(*((j // s) % n if d else j // s for d, (s, n) in enumerate(zip(strides, shape))))
+
+    return te.compute((1, _numel(shape)), at, name=name)
+
+
+def _pack(value, depth: int, cols: int, layout: PackedLayout, name: str) -> te.Tensor:
+    """value(k, n), k < depth and n < cols, as a GEMM's right operand in ``layout`` (zero-padded)."""
+
+    def at(*i):
+        if layout.tile is None:
+            return value(*i)
+        k, n = i[1], i[0] * layout.tile + i[2]
+        if cols % layout.tile == 0:
+            return value(k, n)
+        v = value(k, tvm.tirx.min(n, cols - 1))
+        return tvm.tirx.if_then_else(n < cols, v, tvm.tirx.const(0, str(v.ty)))
+
+    return te.compute(layout.shape(depth, cols), at, name=name)
+
+
+def _transposed(g: Gemm, params, layout: PackedLayout, name: str) -> te.Tensor:
+    """A GEMM's stacked weights W (N, K), packed as the right operand of dA = dG W."""
+    return _pack(lambda n, k: stacked(g, params, n, k), g.rows, g.depth, layout, name)

@@ -1,0 +1,119 @@
+"""Gradients of a sequence: compiled (``compile_backward``) or the float64 reference.
+
+Both take the forward's inputs and the gradient of a loss with respect to every state at every
+step, ``grads`` ((T + 1, B, H) by state, the initial state first; a state left out has none), and
+return the gradients with respect to x (T, B, I), each parameter and each initial state. For a loss
+on the output sequence y and the final states: ``grads[cell.output][1:] = dL/dy`` and
+``grads[s][T] += dL/d final s``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import te
+
+from halstm import schedules, targets
+
+from .autodiff import adjoints
+from .backward import BackwardProgram, lower_backward
+from .cell import Cell, placeholders, trace
+from .compiler import check_problem
+from .lowering import lower
+from .oracle import _Evaluator
+from .plan import make_plan
+from .runtime import _check, _check_names, _frame, _new
+
+
+def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32", target="cpu",
+                     knobs: dict | None = None) -> CompiledBackward:
+    """The backward of ``halstm.compile(cell, steps, batch, dtype, target)`` (``halstm.backward``),
+    scheduled by the target's step-loop recipe (``knobs`` overrides its defaults)."""
+    check_problem(cell, steps, batch, dtype)
+    target = targets.resolve(target)
+    recipe = next(r for r in schedules.BUILTIN if r.name == f"{target.kind}-step-loop")
+    plan = make_plan(cell)
+    forward = lower(cell, int(steps), int(batch), dtype, plan)
+    knobs = recipe.resolve(forward, target, knobs)
+    program = lower_backward(cell, int(steps), int(batch), dtype, plan, recipe.layout(forward, target, knobs))
+    functions = {
+        name: recipe.apply(p, target, **knobs).mod["main"].with_attr("global_symbol", name)
+        for name, p in (("bptt", program.bptt), ("weights", program.weights))
+    }
+    module = target.build(tvm.IRModule(functions), **getattr(recipe, "build_options", {}))
+    return CompiledBackward(program, target, recipe, knobs, module)
+
+
+class CompiledBackward:
+    """``dx, dparams, dstates = f(x, params, seqs, grads)``, where ``seqs`` are the forward's state
+    sequences (``CompiledCell.sequences``). NumPy arrays in, NumPy out; torch tensors in, torch out
+    (shared through DLPack, as the forward)."""
+
+    def __init__(self, program: BackwardProgram, target, recipe, knobs, module):
+        self.program, self.target, self.recipe, self.knobs, self.module = program, target, recipe, knobs, module
+
+    def __call__(self, x, params: dict, seqs: dict, grads: dict | None = None):
+        p = self.program
+        cell, T, B, dtype = p.plan.cell, p.bptt.steps, p.bptt.batch, p.bptt.dtype
+        device = self.target.device()
+        frame = _frame(x, device)
+        _check(x, "x", (T, B, cell.input_size), dtype)
+        params = _check_names(params, "params", set(cell.parameters()), required=True)
+        seqs = _check_names(seqs, "seqs", set(cell.states), required=True)
+        grads = _check_names(grads or {}, "grads", set(cell.states), required=False)
+        given = {"x": x, **params, **{f"{s}_seq": v for s, v in seqs.items()}, **{f"g{s}_seq": v for s, v in grads.items()}}
+        buffers = {}
+        for arg in p.args:
+            if arg.name in given:
+                value = given[arg.name]
+                expected = (T, B, cell.input_size) if arg.role == "x" else arg.shape
+                if arg.role in ("seq", "grad"):
+                    expected = (T + 1, B, cell.hidden_size)
+                _check(value, f"{arg.name}", expected, dtype)
+                buffers[arg.name] = frame.share(value.reshape(arg.shape))
+            else:
+                buffers[arg.name] = _new(arg, device, zeros=arg.role == "grad")
+        with frame.stream():
+            for name, function in (("bptt", p.bptt), ("weights", p.weights)):
+                self.module[name](*(buffers[a.name] for a in function.args))
+        dx = frame.result(buffers["dx"]).reshape(T, B, cell.input_size)
+        return (dx, {n: frame.result(buffers[f"d{n}"]) for n in cell.parameters()},
+                {s: frame.result(buffers[f"d{s}0"]) for s in cell.states})
+
+    def __repr__(self):
+        p = self.program.bptt
+        return (f"<compiled backward of {p.cell!r} T={p.steps} B={p.batch} {p.dtype} on {self.target.key} "
+                f"with {self.recipe.name} {self.knobs}>")
+
+
+def reference_backward(cell: Cell, x, params: dict, states: dict | None, grads: dict):
+    """The gradients in float64: the adjoints that ``halstm.autodiff`` derives from the cell's
+    expressions, evaluated step by step in reverse by the oracle (``halstm.reference``'s
+    interpreter). Returns (dx, dparams, dstates) as NumPy arrays."""
+    x = np.asarray(x, dtype=np.float64)
+    T, B, _ = x.shape
+    H = cell.hidden_size
+    ph_x, ph_states, ph_params = placeholders(cell, B)
+    traced = trace(cell, ph_x, ph_states, ph_params)
+    d_next = [te.placeholder((B, H), "float32", name=f"d{s}_next") for s in cell.states]
+    found = adjoints(traced.next_states, d_next, [ph_x, *ph_states, *ph_params.values()])
+    fixed = {ph_params[n].op: np.asarray(params[n], dtype=np.float64) for n in ph_params}
+
+    def evaluator(t, current, bound=()):
+        return _Evaluator({**fixed, ph_x.op: x[t], **{p.op: v for p, v in zip(ph_states, current)}, **dict(bound)})
+
+    seq = [[np.asarray((states or {}).get(s, np.zeros((B, H))), dtype=np.float64) for s in cell.states]]
+    for t in range(T):
+        seq.append([evaluator(t, seq[-1]).tensor(n) for n in traced.next_states])
+    zero = np.zeros((T + 1, B, H))
+    d = [np.asarray(grads.get(s, zero)[T], dtype=np.float64) for s in cell.states]
+    dx, dparams = np.zeros_like(x), {n: np.zeros(np.shape(params[n])) for n in ph_params}
+    for t in reversed(range(T)):
+        ev = evaluator(t, seq[t], ((p.op, v) for p, v in zip(d_next, d)))
+        values = [None if a is None else ev.tensor(a) for a in found]
+        dx[t] = 0 if values[0] is None else values[0]
+        d = [np.asarray(grads.get(s, zero)[t], dtype=np.float64) + (0 if v is None else v)
+             for s, v in zip(cell.states, values[1:1 + len(cell.states)])]
+        for n, v in zip(ph_params, values[1 + len(cell.states):]):
+            dparams[n] += 0 if v is None else v
+    return dx, dparams, dict(zip(cell.states, d))
