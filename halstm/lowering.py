@@ -248,12 +248,19 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout) -> Step
         if gemm.stage == 0:
             return x_proj[gemm.name]
         if gemm.name not in gemms:
-            gemms[gemm.name] = _gemm(a, packed[gemm.name], layout, gemm.rows, gemm.name)
+            gemms[gemm.name] = _gemm(_operand(a, gemm), packed[gemm.name], layout, gemm.rows, gemm.name)
             operands[gemm.name] = a
         return gemms[gemm.name]
 
     traced = _trace_with(plan, x, states, params, gemm_result)
     return StepTrace(x_proj, states, params, packed, gemms, operands, traced)
+
+
+def _operand(a: te.Tensor, gemm: Gemm) -> te.Tensor:
+    """A step GEMM's operand as its own block (``<gemm>_operand``), a copy recipes inline or keep.
+    A GPU recipe stages it in shared memory: a tile read straight from a state's row-block view
+    would copy the view's symbolic offset with it (TVM 0.27's reindex/cache_read)."""
+    return te.compute(a.shape, lambda b, k: a[b, k], name=f"{gemm.name}_operand")
 
 
 def _view(name: str, buffer: str, row: str, rows: int, cols: int, dtype: str) -> str:

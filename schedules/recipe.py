@@ -63,18 +63,18 @@ def is_pure_copy(sch: Schedule, block) -> bool:
     return type(value).__name__ in ("BufferLoad", "TensorLoad")  # TVM 0.27 names the class TensorLoad
 
 
-def inline_elementwise(sch: Schedule, scope) -> None:
+def inline_elementwise(sch: Schedule, scope, keep=()) -> None:
     """Fuse the elementwise math of a scope into the blocks that write its results.
 
     Every elementwise block is inlined into its consumers, except one that feeds a GEMM with real
     arithmetic (the r * h operand of a later stage): that one is computed once and stored.
-    Output blocks (those writing the scope's views) stay.
+    Output blocks (those writing the scope's views) and blocks named in ``keep`` stay.
     """
     changed = True
     while changed:
         changed = False
         for block in sch.get_child_blocks(scope):
-            if is_reduction(sch, block):
+            if is_reduction(sch, block) or sch.get(block).name_hint in keep:
                 continue
             consumers = sch.get_consumers(block)
             if not consumers:  # writes an output view
