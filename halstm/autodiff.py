@@ -139,13 +139,16 @@ def _scatter(op, dy, read, partial, condition, domain):
                 inside.append(j[d] == c)
                 continue
             env[v] = j[d] - c
-            if c > 0 or c + domain[v] < shape[d]:  # X[j] is read by part of Y only: clamp, then mask
-                inside += [j[d] >= c, j[d] < c + domain[v]]
+            if c > 0 or c + domain[v] < shape[d]:  # X[j] is read by part of Y only
+                # 0 <= j - c < extent, written so that where a slice is whole vectors TVM's
+                # simplifier makes it a condition on the outer loop: the if_then_else stays vectorised
+                inside.append(tirx.floordiv(env[v], domain[v]) == 0)
                 env[v] = tirx.max(tirx.min(env[v], domain[v] - 1), 0)
         value = dy(*(env[iv.var] for iv in op.axis)) * _cast(_rebuild(partial, env), dy.dtype)
         if condition is not None:
             inside.append(_rebuild(condition, env))
-        return tirx.Select(tirx.all(*inside), value, tirx.const(0, dy.dtype)) if inside else value
+        # if_then_else, not Select: the value is read only where it is defined (it may index dY out of bounds elsewhere)
+        return tirx.if_then_else(tirx.all(*inside), value, tirx.const(0, dy.dtype)) if inside else value
 
     if not free:
         return lambda *j: term(j, {})

@@ -40,12 +40,14 @@ from .runtime import Arg
 
 @dataclass(frozen=True)
 class GradGemm:
-    """A GEMM of the backward: ``name = left @ right``, giving ``gives``."""
+    """A GEMM of the backward: ``name = left @ right``, giving ``gives``; ``rows`` is its result's
+    width, as for a forward ``Gemm``."""
 
     name: str
     left: str
     right: str
     gives: str
+    rows: int
 
     def __str__(self):
         return f"{self.name} = {self.left} @ {self.right} -> {self.gives}"
@@ -73,10 +75,14 @@ class BackwardPlan:
     def after_loop(self) -> list[GradGemm]:
         return [_weight_adjoint(g) for g in self.forward.gemms] + [_operand_adjoint(g) for g in self.forward.hoisted]
 
-    @property
-    def gemms(self) -> list:
-        """Every GEMM block (recipes schedule these as GEMMs): the forward's, recomputed, and the adjoints."""
-        return [*self.forward.gemms, *self.each_step, *self.after_loop]
+    def bptt_plan(self) -> Plan:
+        """The reversed loop's GEMMs as recipes read a plan: the hoisted GEMMs in its prologue, the
+        forward's stages and the operands' adjoints in its step."""
+        return Plan(self.cell, self.forward.matmuls, self.forward.hoisted, [*self.forward.stages, self.each_step])
+
+    def weights_plan(self) -> Plan:
+        """The weights function's GEMMs, all in its step."""
+        return Plan(self.cell, [], [], [self.after_loop])
 
     def __str__(self):
         lines = [f"backward plan for {self.cell!r}"]
@@ -96,11 +102,11 @@ def _weights_of(g: Gemm) -> str:
 
 
 def _operand_adjoint(g: Gemm) -> GradGemm:
-    return GradGemm(f"grad_a_{g.name}", f"d{g.name}", _weights_of(g), f"d {g.operand.op.name}")
+    return GradGemm(f"grad_a_{g.name}", f"d{g.name}", _weights_of(g), f"d {g.operand.op.name}", g.depth)
 
 
 def _weight_adjoint(g: Gemm) -> GradGemm:
-    return GradGemm(f"grad_w_{g.name}", f"d{g.name}^T", g.operand.op.name, f"d {_weights_of(g)}")
+    return GradGemm(f"grad_w_{g.name}", f"d{g.name}^T", g.operand.op.name, f"d {_weights_of(g)}", g.depth)
 
 
 @dataclass
@@ -143,7 +149,7 @@ def _param_args(cell: Cell, dtype: str) -> list[Arg]:
     return [Arg(n, tuple(shape), dtype, "param") for n, shape in cell.parameters().items()]
 
 
-def _function(plan, steps, batch, dtype, layout, frame: Skeleton, loop: str) -> Program:
+def _function(plan: Plan, steps, batch, dtype, layout, frame: Skeleton, loop: str) -> Program:
     func = tvm.script.from_source(frame.source(loop))
     return Program(plan.cell, plan, steps, batch, dtype, layout, func, frame.args)
 
@@ -182,7 +188,7 @@ def _bptt(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) 
         with T.sblock("step"):
 {indent(frame.step_views, 12)}
 {indent([_body(step)], 12)}"""
-    return _function(plan, T, B, dtype, layout, frame, loop), kept
+    return _function(plan.bptt_plan(), T, B, dtype, layout, frame, loop), kept
 
 
 def _bptt_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
@@ -255,7 +261,7 @@ def _weights(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayou
     frame = Skeleton(args, allocs, prologue, [])
     loop = f"""    with T.sblock("step"):
 {indent([_body(_weights_step(plan, T, B, dtype, layout, kept))], 8)}"""
-    return _function(plan, T, B, dtype, layout, frame, loop)
+    return _function(plan.weights_plan(), 1, T * B, dtype, layout, frame, loop)  # one step of T*B rows
 
 
 def _weights_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
