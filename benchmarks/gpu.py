@@ -157,11 +157,17 @@ def ms(v):
     return "-" if v is None else f"{v:.3f}"
 
 
+def gemm_flops(row) -> int:
+    """Multiply-adds x 2 of the cell's GEMMs (hoisted and recurrent) over the sequence."""
+    plan = halstm.make_plan(CELLS[row["cell"]](row["H"], row["H"]))
+    return 2 * row["T"] * row["B"] * sum(g.rows * g.depth for g in plan.gemms)
+
+
 def table(rows, device):
     lines = [f"GPU: {device}", "",
              "| T | B | H | cell | dtype | " + " | ".join(f"{r} ms" for r in RECIPES)
-             + " | best us/step | cuDNN ms | eager ms | torch.compile ms | ratio cuDNN/best | halstm compile s |",
-             "|" + "---|" * (9 + len(RECIPES))]
+             + " | best us/step | best TFLOP/s | cuDNN ms | eager ms | torch.compile ms | ratio cuDNN/best | halstm compile s |",
+             "|" + "---|" * (12 + len(RECIPES))]
     for r in rows:
         ours = [r.get(k) for k in RECIPES if r.get(k) is not None]
         best = min(ours) if ours else None
@@ -169,9 +175,10 @@ def table(rows, device):
         ratio = f"{base / best:.2f}" if base and best else "-"
         comp = max([r.get(f"{k} compile s", 0) for k in RECIPES])
         step_us = "-" if best is None else f"{1000 * best / r['T']:.1f}"
+        tflops = "-" if best is None else f"{gemm_flops(r) / best / 1e9:.1f}"
         lines.append(f"| {r['T']} | {r['B']} | {r['H']} | {r['cell']} | {r['dtype']} | "
                      + " | ".join(ms(r.get(k)) for k in RECIPES)
-                     + f" | {step_us} | {ms(r.get('cudnn'))} | "
+                     + f" | {step_us} | {tflops} | {ms(r.get('cudnn'))} | "
                      f"{ms(r.get('eager'))} | {ms(r.get('torch.compile'))} | {ratio} | {comp} |")
     return "\n".join(lines) + "\n\nratio: cuDNN time (LSTM/GRU) or torch.compile time (custom cells) over halstm's best; > 1 is faster.\n"
 
