@@ -22,76 +22,41 @@ from halstm.models.conv import HEAD, ROWS, TAPS
 from halstm.ops import MATMUL_TAG
 
 from .cpu import _parallel_rows
-from .recipe import Recipe, is_pure_copy, is_reduction
+from .conv import ConvRecipe
 
 
-class CpuConv(Recipe):
+class CpuConv(ConvRecipe):
     name = "cpu-conv"
-    # register tiles (rows, vectors)
+    kind = "cpu"
+    biased = (MATMUL_TAG, TAPS, ROWS)
+    # register tiles are (rows, vectors)
     knobs = {"taps_tile": ((2, 2), (4, 2), (1, 4), (2, 4)), "sum_tile": ((4, 2), (6, 2), (2, 4)),
              "gemm_tile": ((4, 2), (2, 4), (6, 2)), "panel": (64, 128), "depth": (512, 256, 1024),
              "chunk": (512, 256, 2048)}
-
-    def is_applicable(self, program, target) -> bool:
-        return target.kind == "cpu" and hasattr(program, "tags")
 
     def valid(self, program, target, knobs) -> bool:
         registers = 32 if target.lanes == 16 else 16
         tiles = (knobs["taps_tile"], knobs["sum_tile"], knobs["gemm_tile"])
         return all(rows * vectors + vectors + 1 < registers for rows, vectors in tiles)
 
-    def apply(self, program, target, **knobs) -> Schedule:
-        k = self.resolve(program, target, knobs)
-        sch = Schedule(program.mod)
-        root = sch.get_sblock("root")
-        inline_views(sch, root)
-        fuse_bias(sch, root, program)
-        for name in [sch.get(b).name_hint for b in sch.get_child_blocks(root)]:
-            block, tag = sch.get_sblock(name), program.tags.get(name)
-            if tag == MATMUL_TAG:
-                rows, cols = _tile(k["gemm_tile"], target)
-                _pack_columns(sch, block, cols)
-                _gemm(sch, block, rows, cols, k["panel"], k["depth"])
-            elif tag == TAPS:
-                _register_tile(sch, block, *_tile(k["taps_tile"], target))
-            elif tag == ROWS:
-                _sum_rows(sch, block, *_tile(k["sum_tile"], target), k["chunk"], target.lanes)
-            elif tag == HEAD:
-                _lane_sums(sch, block, target.lanes)
-            else:
-                _parallel_rows(sch, block, target.lanes)
-        return sch
+    def schedule_block(self, sch, block, tag, target, k) -> None:
+        if tag == MATMUL_TAG:
+            rows, cols = _tile(k["gemm_tile"], target)
+            _pack_columns(sch, block, cols)
+            _gemm(sch, block, rows, cols, k["panel"], k["depth"])
+        elif tag == TAPS:
+            _register_tile(sch, block, *_tile(k["taps_tile"], target))
+        elif tag == ROWS:
+            _sum_rows(sch, block, *_tile(k["sum_tile"], target), k["chunk"], target.lanes)
+        elif tag == HEAD:
+            _lane_sums(sch, block, target.lanes)
+        else:
+            _parallel_rows(sch, block, target.lanes)
 
 
 def _tile(tile: tuple[int, int], target) -> tuple[int, int]:
     """(rows, vectors) -> (rows, columns)."""
     return tile[0], tile[1] * target.lanes
-
-
-def inline_views(sch: Schedule, scope) -> None:
-    """Inline elementwise blocks into the blocks that read them (views: a transpose, the heads of a
-    flat axis; steps of a formula), except those that write an argument of the function and those
-    with arithmetic that feed a reduction (a softmax's division: computed once, stored)."""
-    outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(scope)}
-    for block in sch.get_child_blocks(scope):
-        writes_argument = sch.get(block).name_hint in outputs
-        feeds_reduction = any(is_reduction(sch, c) for c in sch.get_consumers(block))
-        if not (is_reduction(sch, block) or writes_argument or feeds_reduction and not is_pure_copy(sch, block)):
-            sch.compute_inline(block)
-
-
-def fuse_bias(sch: Schedule, scope, program) -> None:
-    """``out = sum + b`` after a tagged sum that nothing else reads becomes the sum's initial value
-    (a bias; dx's taps start from dx through the Linear): one block, its tile stored once. The sum
-    must be the last of the block's producers, so that its initial value is ready."""
-    for block in sch.get_child_blocks(scope):
-        producers = sch.get_producers(block)
-        if is_reduction(sch, block) or type(sch.get(block).body.value).__name__ != "Add" or not producers:
-            continue
-        order = [sch.get(b).name_hint for b in sch.get_child_blocks(scope)]
-        last = sch.get(max(producers, key=lambda p: order.index(sch.get(p).name_hint))).name_hint
-        if last in program.tags and last not in {sch.get(b).name_hint for b in sch.get_output_blocks(scope)}:
-            sch.fuse_reduction_epilogue(last, block)
 
 
 def _pack_columns(sch: Schedule, block, tile: int) -> None:

@@ -1,3 +1,3 @@
-"""Models beyond recurrent cells, written as algorithms on the same machinery: lightweight and
-dynamic convolution (``conv``: the math; ``conv_torch``: PyTorch modules; ``conv_reference``: plain
-PyTorch)."""
+"""Models beyond recurrent cells, on the same machinery: a GRU encoder-decoder with compiled greedy
+decoding (``seq2seq``, ``decoding``); lightweight and dynamic convolution (``conv``: the math,
+``conv_torch``: PyTorch modules, ``conv_reference``: plain PyTorch)."""
