@@ -97,12 +97,16 @@ class Seq2Seq(TorchSeq2Seq):
     def decode(self, context, start, steps: int):
         if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             raise NotImplementedError("halstm decodes forward only: use torch.no_grad() or torch.inference_mode()")
-        key = (steps, context.shape[0], context.device)
-        if key not in self._compiled:
-            self._compiled[key] = decoding.compile(self.step, steps, context.shape[0], halstm_nn._target(context.device))
-        f = self._compiled[key]
+        f = self.compiled_decoder(steps, context.shape[0], context.device)
         tokens, hidden, logits = f(self._weights(f), context, context, start.int())
         return tokens.long(), hidden, logits
+
+    def compiled_decoder(self, steps: int, batch: int, device) -> decoding.GreedyDecoder:
+        """The compiled greedy decoding that ``decode`` runs for this shape (compiled on first use)."""
+        key = (steps, batch, torch.device(device))
+        if key not in self._compiled:
+            self._compiled[key] = decoding.compile(self.step, steps, batch, halstm_nn._target(key[2]))
+        return self._compiled[key]
 
     def _weights(self, f):
         """The packed weights for ``f``'s layout and device, packed again after a parameter changed."""
