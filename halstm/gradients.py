@@ -36,21 +36,21 @@ def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32",
     forward = lower(cell, int(steps), int(batch), dtype, plan)
     knobs = recipe.resolve(forward, target, knobs)
     program = lower_backward(cell, int(steps), int(batch), dtype, plan, recipe.layout(forward, target, knobs))
-    functions = {
-        name: recipe.apply(p, target, **knobs).mod["main"].with_attr("global_symbol", name)
-        for name, p in (("bptt", program.bptt), ("weights", program.weights))
-    }
+    scheduled = {name: recipe.apply(p, target, **knobs) for name, p in (("bptt", program.bptt), ("weights", program.weights))}
+    functions = {name: s.mod["main"].with_attr("global_symbol", name) for name, s in scheduled.items()}
     module = target.build(tvm.IRModule(functions), **getattr(recipe, "build_options", {}))
-    return CompiledBackward(program, target, recipe, knobs, module)
+    return CompiledBackward(program, target, recipe, knobs, scheduled, module)
 
 
 class CompiledBackward:
     """``dx, dparams, dstates = f(x, params, seqs, grads)``, where ``seqs`` are the forward's state
     sequences (``CompiledCell.sequences``). NumPy arrays in, NumPy out; torch tensors in, torch out
-    (shared through DLPack, as the forward)."""
+    (shared through DLPack, as the forward). ``schedules`` holds each function's schedule by name
+    ("bptt", "weights")."""
 
-    def __init__(self, program: BackwardProgram, target, recipe, knobs, module):
-        self.program, self.target, self.recipe, self.knobs, self.module = program, target, recipe, knobs, module
+    def __init__(self, program: BackwardProgram, target, recipe, knobs, schedules: dict, module):
+        self.program, self.target, self.recipe, self.knobs = program, target, recipe, knobs
+        self.schedules, self.module = schedules, module
 
     def __call__(self, x, params: dict, seqs: dict, grads: dict | None = None):
         p = self.program

@@ -8,7 +8,10 @@ CUDA stream, and its fake implementation lets ``torch.compile`` trace around it.
 dropout between layers, bidirectional, batch_first, and variable lengths (a ``lengths`` tensor or a
 ``PackedSequence``) behave as in torch.
 
-Forward only: backward through time is not derived yet, and a call that needs gradients says so.
+Modules train: the op's backward (``halstm::sequence_backward``, registered with
+``torch.library.register_autograd``) runs the backward through time that ``halstm.gradients``
+compiles from the same cell, giving torch the gradients with respect to the input, every parameter
+and the initial states of each layer direction.
 """
 
 from __future__ import annotations
@@ -20,23 +23,30 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from . import cells as builtin
 from .compiler import compile as compile_cell
+from .gradients import compile_backward
 from .lowering import cell_hash
 
 # The op's key names a cell definition (its lowered expressions' hash), so that layers and modules
 # with the same cell share compiled functions, and a key never refers to another cell.
 _CELLS: dict[str, object] = {}  # key -> a cell with that definition
-_COMPILED: dict[tuple, object] = {}  # (key, T, B, dtype, device) -> compiled function
+_COMPILED: dict[tuple, object] = {}  # (compiler, key, T, B, dtype, device) -> compiled function
+
+
+def _compiled(compiler, key: str, x: torch.Tensor):
+    """``compiler`` (halstm.compile or compile_backward) for the cell ``key`` at x's shape, dtype
+    and device, compiled on first use."""
+    T, B, _ = x.shape
+    cache = (compiler.__name__, key, T, B, x.dtype, x.device)
+    if cache not in _COMPILED:
+        _COMPILED[cache] = compiler(_CELLS[key], T, B, str(x.dtype).replace("torch.", ""), _target(x.device))
+    return _COMPILED[cache]
 
 
 @torch.library.custom_op("halstm::sequence", mutates_args=())
 def sequence_op(key: str, x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor]) -> list[torch.Tensor]:
     """Every state of one layer direction at every step: a (T + 1, B, H) tensor per state."""
     cell = _CELLS[key]
-    T, B, _ = x.shape
-    cache = (key, T, B, x.dtype, x.device)
-    if cache not in _COMPILED:
-        _COMPILED[cache] = compile_cell(cell, T, B, str(x.dtype).replace("torch.", ""), _target(x.device))
-    f = _COMPILED[cache]
+    f = _compiled(compile_cell, key, x)
     seqs = f.sequences(x, dict(zip(cell.parameters(), params)), dict(zip(cell.states, states)))
     return [seqs[s] for s in cell.states]
 
@@ -45,6 +55,40 @@ def sequence_op(key: str, x: torch.Tensor, states: list[torch.Tensor], params: l
 def _(key, x, states, params):
     T, B, _ = x.shape
     return [x.new_empty((T + 1, B, s.shape[-1])) for s in states]
+
+
+@torch.library.custom_op("halstm::sequence_backward", mutates_args=())
+def sequence_backward_op(key: str, x: torch.Tensor, params: list[torch.Tensor], seqs: list[torch.Tensor],
+                         grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """[dx, d initial state per state, d parameter per parameter] of one layer direction, given its
+    state sequences and the gradients with respect to them."""
+    cell = _CELLS[key]
+    f = _compiled(compile_backward, key, x)
+    dx, dparams, dstates = f(x, dict(zip(cell.parameters(), params)), dict(zip(cell.states, seqs)),
+                             dict(zip(cell.states, grads)))
+    return [dx, *(dstates[s] for s in cell.states), *(dparams[n] for n in cell.parameters())]
+
+
+@sequence_backward_op.register_fake
+def _(key, x, params, seqs, grads):
+    return [torch.empty_like(x), *(torch.empty_like(s[0]) for s in seqs), *(torch.empty_like(p) for p in params)]
+
+
+def _save(ctx, inputs, output):
+    key, x, states, params = inputs
+    ctx.key, ctx.counts = key, (len(params), len(states))
+    ctx.save_for_backward(x, *params, *output)
+
+
+def _backward(ctx, grads):
+    (x, *saved), (n_params, n_states) = ctx.saved_tensors, ctx.counts
+    params, seqs = saved[:n_params], saved[n_params:]
+    grads = [torch.zeros_like(s) if g is None else g for g, s in zip(grads, seqs)]
+    dx, *rest = sequence_backward_op(ctx.key, x, params, seqs, grads)
+    return None, dx, rest[:n_states], rest[n_states:]
+
+
+torch.library.register_autograd("halstm::sequence", _backward, setup_context=_save)
 
 
 def _target(device: torch.device):
@@ -102,11 +146,6 @@ class RNN(torch.nn.Module):
             input, lengths = pad_packed_sequence(input, batch_first=self.batch_first)
         x = input.transpose(0, 1) if self.batch_first else input
         T, B, _ = x.shape
-        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
-            raise NotImplementedError(
-                "halstm.nn runs forward only: backward through time is not derived yet. "
-                "Use torch.no_grad() (or torch.inference_mode()) for inference."
-            )
         lengths = None if lengths is None else torch.as_tensor(lengths, device=x.device)
         initial = self._initial_states(hx, B, x)
         finals = {s: [] for s in self.cell.states}

@@ -1,5 +1,7 @@
-"""halstm.nn against torch.nn on the same state_dict: layers, directions, batch_first, lengths."""
+"""halstm.nn against torch.nn on the same state_dict: layers, directions, batch_first, lengths;
+outputs and the gradients with respect to the input, the initial states and every parameter."""
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -7,6 +9,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa
 
 import halstm  # noqa: E402
 import halstm.nn  # noqa: E402
+from halstm.gradients import reference_backward  # noqa: E402
 from conftest import rel_err  # noqa: E402
 
 PAIRS = [(halstm.nn.LSTM, torch.nn.LSTM), (halstm.nn.GRU, torch.nn.GRU)]
@@ -25,11 +28,32 @@ def close(a, b):
     return all(rel_err(x.detach().numpy(), y.detach().numpy()) < 1e-5 for x, y in zip(a, b))
 
 
+def backward(output, final):
+    """Backpropagate a loss with random weights on the output and the final states (the same weights
+    for both modules: the generator is seeded per call)."""
+    generator = torch.Generator().manual_seed(0)
+    tensors = [output] + list(final if isinstance(final, tuple) else (final,))
+    sum((t * torch.randn(t.shape, generator=generator).to(t.device)).sum() for t in tensors).backward()
+
+
+def same_gradients(module, reference, *inputs):
+    """Every parameter's gradient, and each input's, as torch's (each input used by one module)."""
+    pairs = [(p.grad, q.grad) for (_, p), (_, q) in zip(module.named_parameters(), reference.named_parameters())]
+    pairs += [(a.grad, b.grad) for a, b in inputs]
+    return all(rel_err(a.cpu().numpy(), b.cpu().numpy()) < 1e-5 for a, b in pairs)
+
+
+def leaf(t):
+    return t.clone().requires_grad_()
+
+
+# The tests share sizes (I=7, H=10, T=5, B=3), so that they share compiled functions: one per layer
+# input size (7 and 20), forward and backward.
 @pytest.mark.parametrize("ours, theirs", PAIRS, ids=["LSTM", "GRU"])
 @pytest.mark.parametrize("config", [
     dict(num_layers=1),
     dict(num_layers=2, bidirectional=True),
-    dict(num_layers=2, batch_first=True, bias=False),
+    dict(num_layers=2, bidirectional=True, batch_first=True, bias=False),
 ], ids=["1-layer", "2-layer-bidirectional", "batch_first-no-bias"])
 def test_matches_torch(ours, theirs, config):
     module, reference = twins(ours, theirs, input_size=7, hidden_size=10, **config)
@@ -37,38 +61,49 @@ def test_matches_torch(ours, theirs, config):
     x = torch.randn(shape)
     directions = 2 if config.get("bidirectional") else 1
     h0 = torch.randn(config["num_layers"] * directions, 3, 10)
-    hx = (h0, torch.randn_like(h0)) if theirs is torch.nn.LSTM else h0
-    with torch.no_grad():
-        y, final = module(x, hx)
-        y_ref, final_ref = reference(x, hx)
+    hx = (h0, torch.randn_like(h0)) if theirs is torch.nn.LSTM else (h0,)
+    x1, x2, hx1, hx2 = leaf(x), leaf(x), [leaf(h) for h in hx], [leaf(h) for h in hx]
+    y, final = module(x1, tuple(hx1) if len(hx1) > 1 else hx1[0])
+    y_ref, final_ref = reference(x2, tuple(hx2) if len(hx2) > 1 else hx2[0])
     assert y.shape == y_ref.shape and close(y, y_ref) and close(final, final_ref)
+    backward(y, final)
+    backward(y_ref, final_ref)
+    assert same_gradients(module, reference, (x1, x2), *zip(hx1, hx2))
 
 
 @pytest.mark.parametrize("ours, theirs", PAIRS, ids=["LSTM", "GRU"])
 def test_packed_variable_lengths_match_torch(ours, theirs):
-    module, reference = twins(ours, theirs, input_size=4, hidden_size=6, num_layers=2, bidirectional=True)
-    lengths = torch.tensor([6, 2, 4, 1])
-    packed = pack_padded_sequence(torch.randn(6, 4, 4), lengths, enforce_sorted=False)
-    with torch.no_grad():
-        y, final = module(packed)
-        y_ref, final_ref = reference(packed)
+    module, reference = twins(ours, theirs, input_size=7, hidden_size=10, num_layers=2, bidirectional=True)
+    lengths = torch.tensor([5, 2, 4])
+    x = torch.randn(5, 3, 7)
+    x1, x2 = leaf(x), leaf(x)
+    y, final = module(pack_padded_sequence(x1, lengths, enforce_sorted=False))
+    y_ref, final_ref = reference(pack_padded_sequence(x2, lengths, enforce_sorted=False))
     (y, got), (y_ref, want) = pad_packed_sequence(y), pad_packed_sequence(y_ref)
     assert torch.equal(got, want) and close(y, y_ref) and close(final, final_ref)
+    backward(y, final)
+    backward(y_ref, final_ref)
+    assert same_gradients(module, reference, (x1, x2))
 
 
-def test_any_cell_runs_as_a_module():
-    module = halstm.nn.RNN(halstm.ResetBeforeGRU, 5, 8).eval()
-    x = torch.randn(4, 2, 5)
-    with torch.no_grad():
-        y, h = module(x)
-    params = {n: getattr(module, n + "_l0").detach().numpy() for n in module.cell.parameters()}
-    y_ref, final = halstm.reference(module.cell, x.numpy(), params)
-    assert rel_err(y.numpy(), y_ref) < 1e-5 and rel_err(h[0].numpy(), final["h"]) < 1e-5
+def test_any_cell_runs_and_trains_as_a_module():
+    module = halstm.nn.RNN(halstm.ResetBeforeGRU, 5, 8)
+    x = torch.randn(4, 2, 5, requires_grad=True)
+    y, h = module(x)
+    params = {n: getattr(module, n + "_l0").detach().numpy().astype("float64") for n in module.cell.parameters()}
+    y_ref, final = halstm.reference(module.cell, x.detach().numpy(), params)
+    assert rel_err(y.detach().numpy(), y_ref) < 1e-5 and rel_err(h[0].detach().numpy(), final["h"]) < 1e-5
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    grads = {"h": np.concatenate([np.zeros((1, 2, 8)), gy.numpy()]).astype("float64")}
+    dx, dparams, _ = reference_backward(module.cell, x.detach().numpy(), params, None, grads)
+    assert rel_err(x.grad.numpy(), dx) < 1e-5
+    assert all(rel_err(getattr(module, n + "_l0").grad.numpy(), d) < 1e-5 for n, d in dparams.items())
 
 
 def test_torch_compile_traces_around_the_op():
-    module = halstm.nn.GRU(6, 8, num_layers=2).eval()
-    x = torch.randn(5, 3, 6)
+    module = halstm.nn.GRU(7, 10, num_layers=2, bidirectional=True).eval()
+    x = torch.randn(5, 3, 7)
     compiled = torch.compile(module, backend="eager", fullgraph=True)
     with torch.no_grad():
         y, h = compiled(x)
@@ -76,13 +111,22 @@ def test_torch_compile_traces_around_the_op():
     assert torch.equal(y, y_eager) and torch.equal(h, h_eager)
 
 
-def test_gradients_are_refused_clearly():
+def test_torch_compile_traces_the_backward():
+    """AOT autograd traces the backward op through its fake implementation (aot_eager: no codegen)."""
+    module = halstm.nn.GRU(7, 10)
+    x = torch.randn(5, 3, 7)
+    y, _ = torch.compile(module, backend="aot_eager", fullgraph=True)(x)
+    y.sum().backward()
+    grads = [p.grad.clone() for p in module.parameters()]
+    module.zero_grad()
+    module(x)[0].sum().backward()
+    assert all(torch.allclose(g, p.grad) for g, p in zip(grads, module.parameters()))
+
+
+def test_bad_initial_state_is_named():
     module = halstm.nn.LSTM(3, 4)
-    with pytest.raises(NotImplementedError, match="forward only"):
-        module(torch.randn(2, 1, 3))
     with pytest.raises(ValueError, match=r"hx\['h'\]: expected shape \(1, 1, 4\)"):
-        with torch.no_grad():
-            module(torch.randn(2, 1, 3), (torch.zeros(2, 1, 4), torch.zeros(2, 1, 4)))
+        module(torch.randn(2, 1, 3), (torch.zeros(2, 1, 4), torch.zeros(2, 1, 4)))
 
 
 def _cuda() -> bool:
@@ -108,3 +152,21 @@ def test_matches_cudnn_on_a_side_stream(ours, theirs, monkeypatch):
     final = tuple(f.cpu() for f in final) if isinstance(final, tuple) else final.cpu()
     final_ref = tuple(f.cpu() for f in final_ref) if isinstance(final_ref, tuple) else final_ref.cpu()
     assert close(y, y_ref) and close(final, final_ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="no CUDA device")
+@pytest.mark.parametrize("ours, theirs", PAIRS, ids=["LSTM", "GRU"])
+def test_gradients_match_cudnn_on_a_side_stream(ours, theirs, monkeypatch):
+    """Training on the GPU, on a non-default stream: the gradients as cuDNN's (full fp32)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    module, reference = twins(ours, theirs, input_size=32, hidden_size=48, num_layers=2, bidirectional=True)
+    module, reference = module.cuda(), reference.cuda()
+    x = torch.randn(20, 4, 32, device="cuda")
+    x1, x2 = leaf(x), leaf(x)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        backward(*module(x1))
+        backward(*reference(x2))
+    stream.synchronize()
+    assert same_gradients(module, reference, (x1, x2))

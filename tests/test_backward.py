@@ -1,0 +1,245 @@
+"""Backward through time derived from each cell's expressions.
+
+The derivation in float64 (``reference_backward``) against torch autograd on the same cell and
+against central differences of the forward reference; the compiled backward against torch autograd
+in float32 and against float64 in float16/bfloat16; CUDA code generation; unsupported math named.
+The loss is L = <gy, y> + sum over states of <g_s, final s>, all of gy and g_s random.
+"""
+
+import functools
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+import halstm
+from halstm import linear, sigmoid, split, tanh
+from halstm.gradients import compile_backward, reference_backward
+from halstm.ops import maximum, minimum
+from halstm.targets import CudaTarget
+from conftest import TOLERANCE, random_inputs, rel_err, upcast
+
+torch = pytest.importorskip("torch")
+
+
+class GatedNormRNN(halstm.Cell):
+    """A cell defined here for the derivation's other rules: sums over the hidden units (a layer
+    norm), rsqrt, Div, Select and if_then_else, Min/Max, exp, log, sqrt, and a nonlinear input
+    before its matmul (the backward goes through it to x)."""
+
+    states = ("h", "c")
+
+    def parameters(self):
+        I, H = self.input_size, self.hidden_size
+        return {"w_x": (2 * H, I), "w_h": (2 * H, H), "b": (2 * H,), "gain": (H,)}
+
+    def step(self, p, x, h, c):
+        a, z = split(linear(tanh(x), p.w_x, p.b) + linear(h, p.w_h), 2)
+        B, H = (int(d) for d in a.shape)
+        k = te.reduce_axis((0, H), name="k")
+        total = te.compute((B,), lambda b: te.sum(a[b, k], axis=k), name="total")
+        k2 = te.reduce_axis((0, H), name="k2")
+        squares = te.compute((B,), lambda b: te.sum((a[b, k2] - total[b] / H) * (a[b, k2] - total[b] / H), axis=k2),
+                             name="squares")
+        normed = te.compute((B, H), lambda b, n: (a[b, n] - total[b] / H) * te.rsqrt(squares[b] / H + 1e-3) * p.gain[n],
+                            name="normed")
+        gate = te.compute((B, H), lambda b, n: tvm.tirx.Select(z[b, n] > 0, tvm.tirx.sqrt(1.0 + z[b, n]),
+                                                               tvm.tirx.exp(z[b, n])), name="gate")
+        c = minimum(maximum(c * sigmoid(z) + normed * gate, -3.0), 3.0)
+        h = te.compute((B, H), lambda b, n: te.if_then_else(c[b, n] > 0, tvm.tirx.log(1.0 + c[b, n]),
+                                                            c[b, n] / (1.0 - c[b, n])), name="h_next")
+        return h, c
+
+
+# The same cells written in torch, a step at a time (LSTM and GRU run as torch.nn.LSTM/GRU instead)
+def _peephole(p, x, h, c):
+    gi, gf, gg, go = (x @ p["weight_ih"].T + p["bias"] + h @ p["weight_hh"].T).chunk(4, -1)
+    c = torch.sigmoid(gf + p["peep_f"] * c) * c + torch.sigmoid(gi + p["peep_i"] * c) * torch.tanh(gg)
+    return torch.sigmoid(go + p["peep_o"] * c) * torch.tanh(c), c
+
+
+def _reset_before_gru(p, x, h):
+    xr, xz, xn = (x @ p["weight_ih"].T + p["bias"]).chunk(3, -1)
+    r = torch.sigmoid(xr + h @ p["weight_hr"].T)
+    z = torch.sigmoid(xz + h @ p["weight_hz"].T)
+    n = torch.tanh(xn + (r * h) @ p["weight_hn"].T)
+    return (1 - z) * n + z * h
+
+
+def _gated_norm(p, x, h, c):
+    a, z = (torch.tanh(x) @ p["w_x"].T + p["b"] + h @ p["w_h"].T).chunk(2, -1)
+    centred = a - a.mean(-1, keepdim=True)
+    normed = centred * torch.rsqrt((centred * centred).mean(-1, keepdim=True) + 1e-3) * p["gain"]
+    gate = torch.where(z > 0, torch.sqrt(1 + z), torch.exp(z))
+    c = (c * torch.sigmoid(z) + normed * gate).clamp(-3, 3)
+    return torch.where(c > 0, torch.log(1 + c), c / (1 - c)), c
+
+
+STEPS = {halstm.PeepholeLSTM: _peephole, halstm.ResetBeforeGRU: _reset_before_gru, GatedNormRNN: _gated_norm}
+MODULES = {halstm.LSTM: torch.nn.LSTM, halstm.GRU: torch.nn.GRU}
+CELLS = [halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU, GatedNormRNN]
+T_, B_, I_, H_ = 5, 3, 6, 16
+
+
+@functools.cache
+def compiled(cell_type, dtype="float32"):
+    """The forward and the backward for the test shape, compiled once per cell type and dtype."""
+    cell = cell_type(I_, H_)
+    return halstm.compile(cell, T_, B_, dtype), compile_backward(cell, T_, B_, dtype)
+
+
+def problem(cell_type, rng, dtype="float32"):
+    """A cell, its inputs, and the loss's gradients with respect to y and the final states."""
+    cell = cell_type(I_, H_)
+    x, params, states = random_inputs(cell, T_, B_, rng, dtype)
+    gy = rng.standard_normal((T_, B_, H_))
+    finals = {s: rng.standard_normal((B_, H_)) for s in cell.states}
+    return cell, x, params, states, gy, finals
+
+
+def sequence_grads(cell, gy, finals, dtype=np.float64):
+    """The loss's gradients with respect to every state at every step (halstm's interface)."""
+    grads = {s: np.zeros((T_ + 1, B_, H_)) for s in cell.states}
+    grads[cell.output][1:] += gy
+    for s, g in finals.items():
+        grads[s][T_] += g
+    return {s: g.astype(dtype) for s, g in grads.items()}
+
+
+def torch_gradients(cell, x, params, states, gy, finals, dtype):
+    """Gradients of the loss by torch autograd, in ``dtype``: {"x": dx, parameter: ..., state: ...}."""
+    leaves = {k: torch.tensor(np.asarray(v, np.float64), dtype=dtype, requires_grad=True)
+              for k, v in {"x": x, **params, **states}.items()}
+    if type(cell) in MODULES:
+        module = MODULES[type(cell)](cell.input_size, cell.hidden_size).to(dtype)
+        hx = tuple(leaves[s][None] for s in cell.states)
+        weights = {f"{n}_l0": leaves[n] for n in params}
+        y, final = torch.func.functional_call(module, weights, (leaves["x"], hx if len(hx) > 1 else hx[0]))
+        final = dict(zip(cell.states, (f[0] for f in (final if isinstance(final, tuple) else (final,)))))
+    else:
+        current, ys = [leaves[s] for s in cell.states], []
+        for t in range(x.shape[0]):
+            out = STEPS[type(cell)](leaves, leaves["x"][t], *current)
+            current = list(out) if isinstance(out, tuple) else [out]
+            ys.append(current[cell.states.index(cell.output)])
+        y, final = torch.stack(ys), dict(zip(cell.states, current))
+    loss = (y * torch.tensor(gy, dtype=dtype)).sum()
+    loss = loss + sum((final[s] * torch.tensor(g, dtype=dtype)).sum() for s, g in finals.items())
+    loss.backward()
+    return {k: v.grad.numpy() for k, v in leaves.items()}
+
+
+def as_dict(dx, dparams, dstates):
+    return {"x": dx, **dparams, **dstates}
+
+
+@pytest.mark.parametrize("cell_type", CELLS, ids=lambda c: c.__name__)
+def test_derivation_matches_torch_autograd_in_float64(cell_type, rng):
+    cell, x, params, states, gy, finals = problem(cell_type, rng)
+    ours = as_dict(*reference_backward(cell, x, upcast(params), upcast(states), sequence_grads(cell, gy, finals)))
+    theirs = torch_gradients(cell, x, params, states, gy, finals, torch.float64)
+    for name, want in theirs.items():
+        assert rel_err(ours[name], want) < 1e-12, name
+
+
+@pytest.mark.parametrize("cell_type", CELLS, ids=lambda c: c.__name__)
+def test_derivation_matches_central_differences(cell_type, rng):
+    """<dL/da, v> against (L(a + eps v) - L(a - eps v)) / 2 eps, a random direction v for each
+    argument a (x, every parameter, every initial state) in turn."""
+    cell, x, params, states, gy, finals = problem(cell_type, rng)
+    args = {"x": x.astype(np.float64), **upcast(params), **upcast(states)}
+    grads = as_dict(*reference_backward(cell, args["x"], upcast(params), upcast(states), sequence_grads(cell, gy, finals)))
+
+    def loss(a):
+        y, final = halstm.reference(cell, a["x"], {n: a[n] for n in params}, {s: a[s] for s in states})
+        return np.sum(y * gy) + sum(np.sum(final[s] * g) for s, g in finals.items())
+
+    eps = 1e-6
+    for name, value in args.items():
+        v = rng.standard_normal(value.shape)
+        central = (loss({**args, name: value + eps * v}) - loss({**args, name: value - eps * v})) / (2 * eps)
+        assert abs(np.sum(grads[name] * v) - central) < 1e-6 * max(1.0, abs(central)), name
+
+
+@pytest.mark.parametrize("cell_type", CELLS, ids=lambda c: c.__name__)
+def test_compiled_matches_torch_autograd_in_float32(cell_type, rng):
+    cell, x, params, states, gy, finals = problem(cell_type, rng)
+    forward, backward = compiled(cell_type)
+    seqs = forward.sequences(x, params, states)
+    ours = as_dict(*backward(x, params, seqs, sequence_grads(cell, gy, finals, np.float32)))
+    theirs = torch_gradients(cell, x, params, states, gy, finals, torch.float32)
+    for name, want in theirs.items():
+        assert ours[name].dtype == np.float32 and ours[name].shape == want.shape, name
+        assert rel_err(ours[name], want) < TOLERANCE["float32"], name
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_compiled_low_precision_against_float64(dtype, rng):
+    """Stored in float16/bfloat16, computed in float32 (the adjoint sequences included)."""
+    cell, x, params, states, gy, finals = problem(halstm.LSTM, rng, dtype)
+    forward, backward = compiled(halstm.LSTM, dtype)
+    seqs = forward.sequences(x, params, states)
+    got = as_dict(*backward(x, params, seqs, sequence_grads(cell, gy, finals, seqs["h"].dtype)))
+    want = as_dict(*reference_backward(cell, x, upcast(params), upcast(states), sequence_grads(cell, gy, finals)))
+    for name, value in want.items():
+        assert rel_err(got[name], value) < TOLERANCE[dtype], name
+
+
+def test_torch_tensors_in_torch_tensors_out(rng):
+    cell, x, params, states, gy, finals = problem(halstm.GRU, rng)
+    to_torch = lambda d: {k: torch.from_numpy(v) for k, v in d.items()}  # noqa: E731
+    forward, backward = compiled(halstm.GRU)
+    seqs = forward.sequences(torch.from_numpy(x), to_torch(params), to_torch(states))
+    dx, dparams, dstates = backward(torch.from_numpy(x), to_torch(params), seqs, to_torch(sequence_grads(cell, gy, finals, np.float32)))
+    assert isinstance(dx, torch.Tensor) and dx.shape == (T_, B_, I_)
+    want = reference_backward(cell, x, upcast(params), upcast(states), sequence_grads(cell, gy, finals))
+    assert rel_err(dx.numpy(), want[0]) < TOLERANCE["float32"]
+
+
+def test_the_step_adjoint_gemm_is_scheduled_as_a_gemm():
+    """dh += dG W runs each step in the recipe's GEMM micro-kernel (its register tile), and the weight
+    gradients after the loop too."""
+    _, backward = compiled(halstm.LSTM)
+    bptt = backward.schedules["bptt"].mod.script()
+    assert 'T.sblock("grad_a_gemm0_local")' in bptt[bptt.index('T.sblock("step")'):]
+    assert 'T.sblock("grad_w_gemm0_local")' in backward.schedules["weights"].mod.script()
+
+
+class MaxPooled(halstm.Cell):
+    def parameters(self):
+        return {"w_x": (self.hidden_size, self.input_size)}
+
+    def step(self, p, x, h):
+        k = te.reduce_axis((0, self.hidden_size), name="k")
+        peak = te.compute((x.shape[0],), lambda b: te.max(h[b, k], axis=k), name="peak")
+        return tanh(linear(x, p.w_x) + te.compute(h.shape, lambda b, n: peak[b], name="spread"))
+
+
+class Reversed(halstm.Cell):
+    def parameters(self):
+        return {"w_x": (self.hidden_size, self.input_size)}
+
+    def step(self, p, x, h):
+        H = self.hidden_size
+        return tanh(linear(x, p.w_x) + te.compute(h.shape, lambda b, n: h[b, H - 1 - n], name="flipped"))
+
+
+@pytest.mark.parametrize("cell_type, words", [
+    (MaxPooled, "reduction 'peak' is not a sum"),
+    (Reversed, "compute 'flipped' reads h at index"),
+], ids=["max-reduction", "reversed-index"])
+def test_what_cannot_be_differentiated_is_named(cell_type, words, rng):
+    cell = cell_type(4, 4)
+    x, params, states = random_inputs(cell, 2, 1, rng)
+    with pytest.raises(NotImplementedError, match=words):
+        reference_backward(cell, x, params, states, {"h": np.ones((3, 1, 4))})
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("cell_type", CELLS, ids=lambda c: c.__name__)
+def test_backward_generates_cuda(cell_type):
+    """The CUDA step-loop recipe schedules both backward functions; nvcc compiles them."""
+    backward = compile_backward(cell_type(20, 24), 3, 2, target=CudaTarget("sm_90", sms=132))
+    assert "__global__" in backward.module.mod.imports[0].inspect_source()
