@@ -6,9 +6,10 @@
 
 Where things live: cells and their language in ``halstm.cell``/``halstm.ops``/``halstm.cells``,
 the planner in ``halstm.plan``, lowering in ``halstm.lowering``, the float64 oracle in
-``halstm.oracle``, recipes in ``halstm.schedules`` (``schedules/``), targets in
-``halstm.targets`` (``targets/``), the tuner and its database in ``halstm.tuner`` and
-``halstm.database``, export and runtime-only loading in ``halstm.deploy``.
+``halstm.oracle``, backward through time in ``halstm.autodiff`` (derivation), ``halstm.backward``
+(lowering) and ``halstm.gradients`` (compiled and float64), recipes in ``halstm.schedules``
+(``schedules/``), targets in ``halstm.targets`` (``targets/``), the tuner and its database in
+``halstm.tuner`` and ``halstm.database``, export and runtime-only loading in ``halstm.deploy``.
 
 Names are imported on first use, so that ``halstm.deploy`` loads modules with the TVM runtime
 alone, without the compiler library that the rest needs.
@@ -20,6 +21,7 @@ _WHERE = {
     "Cell": "cell", "Params": "cell",
     "LSTM": "cells", "GRU": "cells", "PeepholeLSTM": "cells", "ResetBeforeGRU": "cells",
     "compile": "compiler", "CompiledCell": "compiler",
+    "compile_backward": "gradients", "reference_backward": "gradients", "lower_backward": "backward",
     "lower": "lowering", "make_plan": "plan", "reference": "oracle",
     "matmul": "ops", "linear": "ops", "split": "ops", "sigmoid": "ops", "tanh": "ops", "exp": "ops",
     "export": "deploy", "load": "deploy",
