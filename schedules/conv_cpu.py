@@ -42,6 +42,9 @@ class CpuConv(ConvRecipe):
     def schedule_block(self, sch, block, tag, target, k) -> None:
         if tag == MATMUL_TAG:
             rows, cols = _tile(k["gemm_tile"], target)
+            width = int(sch.get(sch.get_loops(block)[1]).extent)
+            # strips that divide the columns: a ragged last strip makes every strip's loop scalar
+            cols = next((c for c in range(cols, 0, -target.lanes) if width % c == 0), cols)
             _pack_columns(sch, block, cols)
             _gemm(sch, block, rows, cols, k["panel"], k["depth"])
         elif tag == TAPS:
@@ -61,17 +64,18 @@ def _tile(tile: tuple[int, int], target) -> tuple[int, int]:
 
 def _pack_columns(sch: Schedule, block, tile: int) -> None:
     """Copy the operand a GEMM reads along its columns j into strips (j // tile, depth, j % tile),
-    each contiguous (as the cell GEMMs' packed weights)."""
-    _, j, depth = (iv.var for iv in sch.get(block).iter_vars)
+    each contiguous, the last one padded with zeros (as the cell GEMMs' packed weights)."""
+    _, j, _ = (iv.var for iv in sch.get(block).iter_vars)
     for index, region in enumerate(sch.get(block).reads):
         starts = [r.min for r in region.region]
-        if len(starts) != 2 or not any(v.same_as(j) for v in starts) or int(sch.get(block).iter_vars[1].dom.extent) % tile:
+        if len(starts) != 2 or not any(v.same_as(j) for v in starts):
             continue
         packed = sch.cache_read(block, index, "global")
         if starts[0].same_as(j):
-            sch.transform_layout(block, ("read", index), lambda n, l: (n // tile, l, n % tile))
+            strips = lambda n, l: (n // tile, l, n % tile)  # noqa: E731
         else:
-            sch.transform_layout(block, ("read", index), lambda l, n: (n // tile, l, n % tile))
+            strips = lambda l, n: (n // tile, l, n % tile)  # noqa: E731
+        sch.transform_layout(block, ("read", index), strips, pad_value=0.0)
         sch.parallel(sch.get_loops(packed)[0])
         return
 
