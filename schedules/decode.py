@@ -41,8 +41,9 @@ class CpuGreedyDecode(CpuStepLoop):
 
 class CudaGreedyDecode(CudaStepLoop):
     """``cuda-step-loop``'s tiled GEMMs, all with the step's tile (the hoisted ones have B rows too, not
-    T * B), and flat elementwise kernels; the argmax one block a row. The embedding lookup happens as
-    the GEMM stages its operand in shared memory."""
+    T * B), and flat elementwise kernels; the argmax one block a row. The embedding lookup is kept out of
+    the GEMM until its tile is staged, then read into the tile: inlined into the GEMM, its row index
+    ``token[b]`` left the reindexed tile without a row axis at B=1, which the cooperative fetch needs."""
 
     name = "cuda-greedy-decode"
 
@@ -58,15 +59,17 @@ class CudaGreedyDecode(CudaStepLoop):
         k = self.resolve(program, target, knobs)
         sch = Schedule(program.mod)
         for scope in ("prologue", "step"):
-            inline_elementwise(sch, sch.get_sblock(scope))
+            inline_elementwise(sch, sch.get_sblock(scope), keep={"embedding"})
             gemms, others = child_blocks(sch, scope, program)
             views = {m.buffer.name for m in sch.get(sch.get_sblock(scope)).match_buffers}
+            names = [sch.get(b).name_hint for b in others]
             for gemm in gemms:
                 epilogue = _epilogue(sch, gemm)
                 gemm_tiled(sch, gemm, step_tile(k, program.batch), views)
                 if epilogue is not None:
-                    others = [b for b in others if not sch.get(b).same_as(sch.get(epilogue))]
                     sch.reverse_compute_inline(epilogue)
+            left = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock(scope))}
+            others = [sch.get_sblock(n) for n in names if n in left]  # the lookup and epilogues are inlined
             for block in merge_next_states(sch, sch.get_sblock(scope), others):
                 (_row_reduction if is_reduction(sch, block) else _bind_flat)(sch, block, k["threads"])
         for block in _packing(sch):

@@ -111,10 +111,11 @@ def test_bad_arguments_raise_before_running(rng):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-def test_generates_cuda():
+@pytest.mark.parametrize("batch", [1, 4])
+def test_generates_cuda(batch):
     """One module: the packing kernels and the step's; the argmax a reduction across a block's
     threads (warp shuffles), the logits' epilogue in the GEMM's write-back (no kernel of its own)."""
-    f = decoding.compile(GRUDecoder(300, 16, 24), steps=3, batch=4, target=H100)
+    f = decoding.compile(GRUDecoder(300, 16, 24), steps=3, batch=batch, target=H100)
     source = f.module.mod.imports[0].inspect_source()
     assert source.count("void __launch_bounds__") == source.count("__global__")
     assert "pack_kernel" in source and "__shfl_down_sync" in source

@@ -87,19 +87,19 @@ class _Splitter:
     def matmul(self, a, weight):
         parts = _parts(a)
         starts = np.cumsum([0] + [int(p.shape[1]) for p in parts])
-        varying = {True: [], False: []}
+        each_step, once = [], []
         for part, start in zip(parts, starts):
-            varying[bool(_upstream(part) & self.varying)].append((part, int(start)))
+            (each_step if _upstream(part) & self.varying else once).append((part, int(start)))
         name = weight.op.name
         result = None
-        if varying[False]:
-            hoisted = self._gemm(f"{name}_ctx", varying[False], weight, stage=0)
+        if once:
+            hoisted = self._gemm(f"{name}_ctx", once, weight, stage=0)
             result = te.placeholder(hoisted.shape, ACCUMULATE, name=hoisted.op.name)
             self.hoisted[hoisted.op.name] = (hoisted, result)
-        if varying[True]:
-            up = set().union(*(_upstream(p) for p, _ in varying[True]))
-            stage = 1 + max((s for op, s in self.stage_of.items() if op in up), default=0)
-            gemm = self._gemm(f"{name}_step", varying[True], weight, stage)
+        if each_step:  # a stage after those of the step GEMMs its operand is made from
+            upstream = set().union(*(_upstream(p) for p, _ in each_step))
+            stage = 1 + max((s for op, s in self.stage_of.items() if op in upstream), default=0)
+            gemm = self._gemm(f"{name}_step", each_step, weight, stage)
             self.stage_of[gemm.op] = stage
             result = gemm if result is None else gemm + result
         return result
