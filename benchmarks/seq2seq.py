@@ -15,7 +15,6 @@ import copy
 import json
 import os
 import platform
-import statistics
 import time
 
 # Both thread pools wait passively once their work is done: in one process on a few shared cores, a
@@ -28,22 +27,8 @@ for _name, _value in WAIT.items():
 import torch  # noqa: E402
 import tvm  # noqa: E402
 
-from halstm.models.seq2seq import Seq2Seq, TorchSeq2Seq
-
-
-def median_ms(fns: dict, sync, warmup: int, repeat: int) -> dict[str, float]:
-    """Each function's median ms, the functions run in turn so that load from other work on a shared
-    machine falls on all of them alike."""
-    times = {name: [] for name in fns}
-    for i in range(warmup + repeat):
-        for name, fn in fns.items():
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            if i >= warmup:
-                times[name].append(1e3 * (time.perf_counter() - start))
-    return {name: statistics.median(t) for name, t in times.items()}
+from halstm.bench import alternating_median_ms  # noqa: E402
+from halstm.models.seq2seq import Seq2Seq, TorchSeq2Seq  # noqa: E402
 
 
 def rel_err(got, want) -> float:
@@ -81,13 +66,16 @@ def bench(batch: int, a, sync) -> dict:
             "logits rel. error": rel_err(logits, want64[2]),
             "torch logits rel. error": rel_err(want[2], want64[2]),
         }
-        f = model.compiled_decoder(a.steps, batch, a.device)
-        pack = median_ms({"pack": lambda: f.pack(model.decoder_parameters())}, sync, 1, 3)["pack"]
+        f = model.compiled_decoder(a.steps, batch, source.device)  # the key decode() uses (cuda:0, not cuda)
+        pack = alternating_median_ms({"pack": lambda: f.pack(model.decoder_parameters())}, sync, 1, 3)["pack"]
         context = model.encode(source)[1][-1]
-        encoder = median_ms({"halstm": lambda: model.encode(source), "torch": lambda: reference.encode(source)},
-                            sync, a.warmup, a.repeat)
-        decoder = median_ms({"halstm": lambda: model.decode(context, start, a.steps),
-                             "torch": lambda: reference.decode(context, start, a.steps)}, sync, a.warmup, a.repeat)
+        encoder = alternating_median_ms(
+            {"halstm": lambda: model.encode(source), "torch": lambda: reference.encode(source)},
+            sync, a.warmup, a.repeat)
+        decoder = alternating_median_ms(
+            {"halstm": lambda: model.decode(context, start, a.steps),
+             "torch": lambda: reference.decode(context, start, a.steps)},
+            sync, a.warmup, a.repeat)
     per_token = {k: v / a.steps for k, v in decoder.items()}
     return {"batch": batch, "encoder_ms": encoder, "encoder_torch_over_halstm": encoder["torch"] / encoder["halstm"],
             "decode_ms_per_token": per_token, "decode_torch_over_halstm": decoder["torch"] / decoder["halstm"],

@@ -43,6 +43,21 @@ def median_ms(fn, repeat: int, warmup: int = 2) -> float:
     return 1e3 * statistics.median(times)
 
 
+def alternating_median_ms(fns: dict, sync, warmup: int, repeat: int) -> dict[str, float]:
+    """Each function's median ms, the functions run in turn (``sync`` waits for the device), so that
+    load from other work on a shared machine falls on all of them alike."""
+    times = {name: [] for name in fns}
+    for i in range(warmup + repeat):
+        for name, fn in fns.items():
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            if i >= warmup:
+                times[name].append(1e3 * (time.perf_counter() - start))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def numpy_loop(name: str, x, p):
     """The textbook float32 NumPy loop of LSTM/GRU: the baseline a researcher writes first."""
     h = np.zeros((x.shape[1], p["weight_hh"].shape[1]), x.dtype)

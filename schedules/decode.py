@@ -1,9 +1,11 @@
 """Recipes for compiled greedy decoding (``halstm.models.decoding``).
 
 Its ``main`` has the shape of a cell's sequence function (a ``prologue`` block, a ``step`` block on
-row-block views, GEMMs named by the plan), so the step-loop recipes schedule it; what decoding adds
-is scheduled here: ``pack``, which lays the weights out once, and on CUDA the argmax over the
-vocabulary, a reduction shared by the threads of a block (one thread a row would take V serial steps).
+row-block views, GEMMs named by the plan), so it is scheduled as the step-loop recipes schedule a cell,
+plus what decoding adds: ``pack``, which lays the weights out once; the logits' epilogue (the hoisted
+context share and the bias) computed as the vocabulary GEMM writes its tile back, not in a pass of its
+own over (B, V); and on CUDA the argmax over the vocabulary, a reduction shared by the threads of a
+block (one thread a row would take V serial steps).
 """
 
 from __future__ import annotations
@@ -78,9 +80,7 @@ class CudaGreedyDecode(CudaStepLoop):
 
 
 def _epilogue(sch: Schedule, block):
-    """The elementwise block that alone reads ``block``'s result (the logits: the GEMM plus the hoisted
-    context share and the bias), or None. Inlined into the GEMM's write-back of its register tile, it
-    costs no pass of its own over (B, V)."""
+    """The elementwise block that alone reads ``block``'s result (the logits), or None."""
     consumers = sch.get_consumers(block)
     return consumers[0] if len(consumers) == 1 and not is_reduction(sch, consumers[0]) else None
 
