@@ -146,22 +146,23 @@ def lower(decoder, steps: int, batch: int, layout: PackedLayout = PackedLayout()
     logits = _storage(logits, FLOAT, "logits_t")
     token_next = _storage(argmax(logits), "int32", "token_next")
 
+    # main reads the matmul weights packed (pack makes them once), the other parameters as they are
     weights = {g.members[0].weight for g in plan.gemms}
-    others = [p for n, p in params.items() if n not in weights]
+    read = [p for n, p in params.items() if n not in weights]
     hoisted, hoisted_reads = zip(*splitter.hoisted.values()) if splitter.hoisted else ((), ())
     packed_reads = [splitter.packed[g.name][1] for g in plan.gemms]
-    step = _function([token, h, context, *hoisted_reads, *others, *packed_reads], [h_next, logits, token_next])
+    step = _function([token, h, context, *hoisted_reads, *read, *packed_reads], [h_next, logits, token_next])
 
     start = te.placeholder((B,), "int32", name="start")
     h0 = te.placeholder((B, H), FLOAT, name="h0")
     copies = [_storage(start, "int32", "token_init"), _storage(h0, FLOAT, "h_init")]
-    prologue = _function([context, start, h0, *others, *packed_reads], [*hoisted, *copies])
+    prologue = _function([context, start, h0, *read, *packed_reads], [*hoisted, *copies])
     unpacked = [p for n, p in params.items() if n in weights]
     pack = _function(unpacked, [splitter.packed[g.name][0] for g in plan.gemms])
 
     args = [Arg("context", (B, H), FLOAT, "context"), Arg("start", (B,), "int32", "state"),
             Arg("h0", (B, H), FLOAT, "state")]
-    args += [Arg(p.op.name, _shape(p), FLOAT, "param") for p in others]
+    args += [Arg(p.op.name, _shape(p), FLOAT, "param") for p in read]
     args += [Arg(p.op.name, _shape(p), FLOAT, "packed") for p in packed_reads]
     args += [Arg("tokens", ((N + 1) * B,), "int32", "output"), Arg("h_seq", ((N + 1) * B, H), FLOAT, "output"),
              Arg("logits", (N * B, V), FLOAT, "output")]
