@@ -256,6 +256,7 @@ def _weights(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayou
               for i, g in enumerate(forward.gemms) if g.stage == 0]
     allocs += [f'w_packed_a{i} = T.alloc_buffer({layout.shape(T * B, g.depth)}, "{ACCUMULATE}")'
                for i, g in enumerate(forward.gemms)]
+    allocs += [f'd{g.name}_transposed = T.alloc_buffer(({g.rows}, {T * B}), "{ACCUMULATE}")' for g in forward.gemms]
     prologue = [_view(f"d{s}_first", f"d{s}_seq", "0", B, H, ACCUMULATE) for s in cell.states]
     prologue.append(_body(_weights_prologue(plan, T, B, dtype, layout)))
     frame = Skeleton(args, allocs, prologue, [])
@@ -278,7 +279,9 @@ def _weights_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Pa
         _pack(lambda k, n, a=operands[g.name]: a[k, n].astype(ACCUMULATE), T * B, g.depth, layout, f"w_packed_a{i}")
         for i, g in enumerate(forward.gemms)
     ]
-    inputs = [x, *params.values(), *stored.values(), *firsts]
+    d_results = [te.placeholder((T * B, g.rows), ACCUMULATE, name=f"d{g.name}_seq") for g in forward.gemms]
+    outputs += [_transpose(d) for d in d_results]
+    inputs = [x, *params.values(), *stored.values(), *firsts, *d_results]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
@@ -301,8 +304,9 @@ def _weights_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Packed
 
     d_operands = [_gemm(d_results[g.name], transposed[g.name], layout, g.depth, f"grad_a_{g.name}") for g in forward.hoisted]
     dx, *found = adjoints([hoisted.operands[g.name] for g in forward.hoisted], d_operands, [x, *params.values()])
+    by_row = {g.name: te.placeholder((g.rows, rows), ACCUMULATE, name=f"d{g.name}_transposed") for g in forward.gemms}
     d_weights = {
-        g.name: _gemm(_transpose(d_results[g.name]), packed[g.name], layout, g.depth, f"grad_w_{g.name}")
+        g.name: _gemm(by_row[g.name], packed[g.name], layout, g.depth, f"grad_w_{g.name}")
         for g in forward.gemms
     }
     outputs = [_storage(_or_zeros(dx, x), dtype, "dx")]
@@ -315,12 +319,13 @@ def _weights_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Packed
         if name in kept:
             terms.append(_summed_over_steps(d_steps[name], p.shape))
         outputs.append(_total(terms, p.shape, dtype, f"d{name}"))
-    inputs = [x, *params.values(), *d_results.values(), *packed.values(), *transposed.values(), *d_steps.values()]
+    inputs = [x, *params.values(), *d_results.values(), *packed.values(), *transposed.values(), *d_steps.values(),
+              *by_row.values()]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
 def _transpose(t: te.Tensor) -> te.Tensor:
-    return te.compute((t.shape[1], t.shape[0]), lambda n, r: t[r, n], name=f"{t.op.name}_transposed")
+    return te.compute((t.shape[1], t.shape[0]), lambda n, r: t[r, n], name=f"{t.op.name.removesuffix('_seq')}_transposed")
 
 
 def _summed_over_steps(seq: te.Tensor, shape) -> te.Tensor:

@@ -45,11 +45,13 @@ class GatedNormRNN(halstm.Cell):
                              name="squares")
         normed = te.compute((B, H), lambda b, n: (a[b, n] - total[b] / H) * te.rsqrt(squares[b] / H + 1e-3) * p.gain[n],
                             name="normed")
-        gate = te.compute((B, H), lambda b, n: tvm.tirx.Select(z[b, n] > 0, tvm.tirx.sqrt(1.0 + z[b, n]),
-                                                               tvm.tirx.exp(z[b, n])), name="gate")
+        up, down = maximum(z, 0.0), minimum(z, 0.0)  # each branch evaluated on its own side only
+        gate = te.compute((B, H), lambda b, n: tvm.tirx.Select(z[b, n] > 0, tvm.tirx.sqrt(1.0 + up[b, n]),
+                                                               tvm.tirx.exp(down[b, n])), name="gate")
         c = minimum(maximum(c * sigmoid(z) + normed * gate, -3.0), 3.0)
-        h = te.compute((B, H), lambda b, n: te.if_then_else(c[b, n] > 0, tvm.tirx.log(1.0 + c[b, n]),
-                                                            c[b, n] / (1.0 - c[b, n])), name="h_next")
+        up, down = maximum(c, 0.0), minimum(c, 0.0)
+        h = te.compute((B, H), lambda b, n: te.if_then_else(c[b, n] > 0, tvm.tirx.log(1.0 + up[b, n]),
+                                                            down[b, n] / (1.0 - down[b, n])), name="h_next")
         return h, c
 
 
@@ -72,9 +74,9 @@ def _gated_norm(p, x, h, c):
     a, z = (torch.tanh(x) @ p["w_x"].T + p["b"] + h @ p["w_h"].T).chunk(2, -1)
     centred = a - a.mean(-1, keepdim=True)
     normed = centred * torch.rsqrt((centred * centred).mean(-1, keepdim=True) + 1e-3) * p["gain"]
-    gate = torch.where(z > 0, torch.sqrt(1 + z), torch.exp(z))
+    gate = torch.where(z > 0, torch.sqrt(1 + z.clamp(min=0)), torch.exp(z.clamp(max=0)))
     c = (c * torch.sigmoid(z) + normed * gate).clamp(-3, 3)
-    return torch.where(c > 0, torch.log(1 + c), c / (1 - c)), c
+    return torch.where(c > 0, torch.log(1 + c.clamp(min=0)), c.clamp(max=0) / (1 - c.clamp(max=0))), c
 
 
 STEPS = {halstm.PeepholeLSTM: _peephole, halstm.ResetBeforeGRU: _reset_before_gru, GatedNormRNN: _gated_norm}
