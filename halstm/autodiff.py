@@ -121,7 +121,7 @@ def _scatter(op, dy, read, partial, condition, domain):
     """The contribution of one read X[phi(i)] in op: dY[i] * partial, gathered onto X's indices."""
     tensor, *index = read.args
     shape = [int(d) for d in tensor.shape]
-    maps = [_axis_plus_constant(e, domain, read, op) for e in index]
+    maps = _index_map(read, domain, op)
     bound = [v for v, _ in maps if v is not None]
     free = [v for v in domain if not any(v.same_as(b) for b in bound)]
     identity = (
@@ -147,7 +147,8 @@ def _scatter(op, dy, read, partial, condition, domain):
         value = dy(*(env[iv.var] for iv in op.axis)) * _cast(_rebuild(partial, env), dy.dtype)
         if condition is not None:
             inside.append(_rebuild(condition, env))
-        # if_then_else, not Select: the value is read only where it is defined (it may index dY out of bounds elsewhere)
+        # if_then_else, not Select: Select evaluates both sides, and the simplifier drops the clamp
+        # inside the masked side (the condition implies it), which then reads out of bounds
         return tirx.if_then_else(tirx.all(*inside), value, tirx.const(0, dy.dtype)) if inside else value
 
     if not free:
@@ -160,20 +161,27 @@ def _scatter(op, dy, read, partial, condition, domain):
     return te.compute(shape, summed, name=f"d_{tensor.op.name}_{op.name}")
 
 
-def _axis_plus_constant(e, domain, read, op):
-    """(v, c) with e = v + c for an axis v of the compute, or (None, c) for a constant."""
+def _index_map(read, domain: dict, op) -> list:
+    """Per dimension of the read, (v, c) with index = v + c for an axis v of the compute, or
+    (None, c) for a constant index c; each axis in one dimension at most."""
+    tensor, *index = read.args
     variables = list(domain)
-    coefficients = detect_linear_equation(e, variables)
-    if len(coefficients) == len(variables) + 1 and all(type(c).__name__ == "IntImm" for c in coefficients):
-        used = [(v, int(c)) for v, c in zip(variables, coefficients[:-1]) if int(c)]
-        if not used:
-            return None, int(coefficients[-1])
-        if len(used) == 1 and used[0][1] == 1:
-            return used[0][0], int(coefficients[-1])
-    raise NotImplementedError(
-        f"backward: compute '{op.name}' reads {read.args[0].op.name} at index {e}; only an axis plus a "
-        "constant, or a constant, can be differentiated"
-    )
+    maps = []
+    for e in index:
+        coefficients = detect_linear_equation(e, variables)
+        if len(coefficients) == len(variables) + 1 and all(type(c).__name__ == "IntImm" for c in coefficients):
+            *scales, constant = (int(c) for c in coefficients)
+            used = [v for v, scale in zip(variables, scales) if scale]
+            if len(used) <= 1 and set(scales) <= {0, 1}:
+                maps.append((used[0] if used else None, constant))
+                continue
+        raise NotImplementedError(f"backward: compute '{op.name}' reads {tensor.op.name} at index {e}; only "
+                                  "an axis plus a constant, or a constant, can be differentiated")
+    axes = [v for v, _ in maps if v is not None]
+    if any(a.same_as(b) for i, a in enumerate(axes) for b in axes[:i]):
+        raise NotImplementedError(f"backward: compute '{op.name}' reads {tensor.op.name} with one axis in two "
+                                  f"dimensions ({', '.join(map(str, index))}); a diagonal cannot be differentiated")
+    return maps
 
 
 def _is_true(e) -> bool:

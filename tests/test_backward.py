@@ -228,10 +228,19 @@ class Reversed(halstm.Cell):
         return tanh(linear(x, p.w_x) + te.compute(h.shape, lambda b, n: h[b, H - 1 - n], name="flipped"))
 
 
+class Diagonal(halstm.Cell):
+    def parameters(self):
+        return {"w_x": (self.hidden_size, self.input_size), "w_h": (self.hidden_size, self.hidden_size)}
+
+    def step(self, p, x, h):
+        return tanh(linear(x, p.w_x) + te.compute(h.shape, lambda b, n: h[b, n] * p.w_h[n, n], name="scaled"))
+
+
 @pytest.mark.parametrize("cell_type, words", [
     (MaxPooled, "reduction 'peak' is not a sum"),
     (Reversed, "compute 'flipped' reads h at index"),
-], ids=["max-reduction", "reversed-index"])
+    (Diagonal, "compute 'scaled' reads w_h with one axis in two dimensions"),
+], ids=["max-reduction", "reversed-index", "diagonal"])
 def test_what_cannot_be_differentiated_is_named(cell_type, words, rng):
     cell = cell_type(4, 4)
     x, params, states = random_inputs(cell, 2, 1, rng)
