@@ -57,21 +57,23 @@ class CompiledBackward:
         cell, T, B, dtype = p.plan.cell, p.bptt.steps, p.bptt.batch, p.bptt.dtype
         device = self.target.device()
         frame = _frame(x, device)
-        _check(x, "x", (T, B, cell.input_size), dtype)
         params = _check_names(params, "params", set(cell.parameters()), required=True)
         seqs = _check_names(seqs, "seqs", set(cell.states), required=True)
         grads = _check_names(grads or {}, "grads", set(cell.states), required=False)
-        given = {"x": x, **params, **{f"{s}_seq": v for s, v in seqs.items()}, **{f"g{s}_seq": v for s, v in grads.items()}}
+        sequence = (T + 1, B, cell.hidden_size)
+        given = {  # argument name -> (what the caller passed, its name for errors, the shape expected)
+            "x": (x, "x", (T, B, cell.input_size)),
+            **{n: (v, f"params['{n}']", tuple(cell.parameters()[n])) for n, v in params.items()},
+            **{f"{s}_seq": (v, f"seqs['{s}']", sequence) for s, v in seqs.items()},
+            **{f"g{s}_seq": (v, f"grads['{s}']", sequence) for s, v in grads.items()},
+        }
         buffers = {}
         for arg in p.args:
             if arg.name in given:
-                value = given[arg.name]
-                expected = (T, B, cell.input_size) if arg.role == "x" else arg.shape
-                if arg.role in ("seq", "grad"):
-                    expected = (T + 1, B, cell.hidden_size)
-                _check(value, f"{arg.name}", expected, dtype)
+                value, what, shape = given[arg.name]
+                _check(value, what, shape, dtype)
                 buffers[arg.name] = frame.share(value.reshape(arg.shape))
-            else:
+            else:  # a state without a gradient, the buffers between the two functions, the results
                 buffers[arg.name] = _new(arg, device, zeros=arg.role == "grad")
         with frame.stream():
             for name, function in (("bptt", p.bptt), ("weights", p.weights)):

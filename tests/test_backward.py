@@ -200,6 +200,16 @@ def test_torch_tensors_in_torch_tensors_out(rng):
     assert rel_err(dx.numpy(), want[0]) < TOLERANCE["float32"]
 
 
+def test_bad_arguments_are_named(rng):
+    cell, x, params, states, gy, finals = problem(halstm.GRU, rng)
+    forward, backward = compiled(halstm.GRU)
+    seqs = forward.sequences(x, params, states)
+    with pytest.raises(ValueError, match=r"seqs\['h'\]: expected shape \(6, 3, 16\)"):
+        backward(x, params, {"h": seqs["h"][1:]})
+    with pytest.raises(KeyError, match=r"grads: unexpected \['c'\]"):
+        backward(x, params, seqs, {"c": seqs["h"]})
+
+
 def test_the_step_adjoint_gemm_is_scheduled_as_a_gemm():
     """dh += dG W runs each step in the recipe's GEMM micro-kernel (its register tile), and the weight
     gradients after the loop too."""
