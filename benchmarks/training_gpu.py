@@ -21,10 +21,10 @@ import time
 
 import numpy as np
 import torch
+from gpu import torch_cell  # the custom cells' step in torch (benchmarks/gpu.py)
 
 import halstm
 import halstm.nn
-from gpu import torch_cell  # the custom cells' step in torch (benchmarks/gpu.py)
 
 SHAPE = (100, 64, 1024)  # T, B, I = H
 TINY = (5, 2, 16)
@@ -143,8 +143,8 @@ def bench(shape, device: str, use_compile: bool) -> list[dict]:
 
 
 def table(rows, device_name: str) -> str:
-    lines = [f"Device: {device_name}. fp32 training step (forward + backward), median ms after warm-up; "
-             "ratio: the baseline's time over halstm's (> 1: halstm faster).", "",
+    lines = [(f"Device: {device_name}. fp32 training step (forward + backward), median ms after warm-up; "
+              "ratio: the baseline's time over halstm's (> 1: halstm faster)."), "",
              "| cell | T | B | H | halstm ms | baseline | baseline ms | ratio | halstm compile s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -166,7 +166,7 @@ def main() -> int:
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     checks = check(args.device)
     rows = bench(TINY if args.tiny else SHAPE, args.device, not args.no_compile)
-    text = "## Gradients against torch (T, B, H = %d, %d, %d; fp32, TF32 off)\n\n" % CHECK
+    text = "## Gradients against torch (T, B, H = {}, {}, {}; fp32, TF32 off)\n\n".format(*CHECK)
     text += "| cell | against | max relative error | ok |\n|---|---|---|---|\n"
     text += "\n".join(f"| {c} | {b} | {e:.1e} | {ok} |" for c, b, e, ok in checks)
     text += "\n\n## Timing\n\n" + table(rows, name)

@@ -119,7 +119,7 @@ def _reads(op, dy, needed):
 
 def _scatter(op, dy, read, partial, condition, domain):
     """The contribution of one read X[phi(i)] in op: dY[i] * partial, gathered onto X's indices."""
-    tensor, *index = read.args
+    tensor = read.args[0]
     shape = [int(d) for d in tensor.shape]
     maps = _index_map(read, domain, op)
     bound = [v for v, _ in maps if v is not None]

@@ -32,8 +32,21 @@ from tvm import te
 
 from .autodiff import adjoints
 from .cell import Cell, placeholders
-from .lowering import (ACCUMULATE, PackedLayout, Program, Skeleton, _body, _gemm, _prim_func, _storage,
-                       _view, indent, stacked, trace_hoisted, trace_step)
+from .lowering import (
+    ACCUMULATE,
+    PackedLayout,
+    Program,
+    Skeleton,
+    _body,
+    _gemm,
+    _prim_func,
+    _storage,
+    _view,
+    indent,
+    stacked,
+    trace_hoisted,
+    trace_step,
+)
 from .plan import Gemm, Plan, make_plan
 from .runtime import Arg
 
@@ -132,10 +145,10 @@ def lower_backward(
     batch: int,
     dtype: str = "float32",
     plan: Plan | None = None,
-    layout: PackedLayout = PackedLayout(),
+    layout: PackedLayout | None = None,
 ) -> BackwardProgram:
     """The backward of ``lower(cell, steps, batch, dtype, plan, layout)`` (unscheduled)."""
-    backward = BackwardPlan(plan or make_plan(cell))
+    backward, layout = BackwardPlan(plan or make_plan(cell)), layout or PackedLayout()
     bptt, kept = _bptt(backward, steps, batch, dtype, layout)
     weights = _weights(backward, steps, batch, dtype, layout, kept)
     return BackwardProgram(backward, bptt, weights)
@@ -312,16 +325,18 @@ def _weights_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Packed
     outputs = [_storage(_or_zeros(dx, x), dtype, "dx")]
     for (name, p), d in zip(params.items(), found):
         terms = [] if d is None else [d]
-        terms += [
-            lambda n, k, w=d_weights[g.name], start=g.offset(m): w[n + start, k]
-            for g in forward.gemms for m in g.members if m.weight == name
-        ]
+        terms += [_rows(d_weights[g.name], g.offset(m)) for g in forward.gemms for m in g.members if m.weight == name]
         if name in kept:
             terms.append(_summed_over_steps(d_steps[name], p.shape))
         outputs.append(_total(terms, p.shape, dtype, f"d{name}"))
     inputs = [x, *params.values(), *d_results.values(), *packed.values(), *transposed.values(), *d_steps.values(),
               *by_row.values()]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+
+
+def _rows(t: te.Tensor, start: int):
+    """Rows start.. of t, as a function of the indices (a matmul's weights in its GEMM's dW)."""
+    return lambda n, k: t[n + start, k]
 
 
 def _transpose(t: te.Tensor) -> te.Tensor:

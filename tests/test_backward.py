@@ -12,14 +12,14 @@ import shutil
 import numpy as np
 import pytest
 import tvm
+from conftest import TOLERANCE, random_inputs, rel_err, upcast
+from halstm.targets import CudaTarget
 from tvm import te
 
 import halstm
 from halstm import linear, sigmoid, split, tanh
 from halstm.gradients import compile_backward, reference_backward
 from halstm.ops import maximum, minimum
-from halstm.targets import CudaTarget
-from conftest import TOLERANCE, random_inputs, rel_err, upcast
 
 torch = pytest.importorskip("torch")
 
@@ -191,17 +191,17 @@ def test_compiled_low_precision_against_float64(dtype, rng):
 
 def test_torch_tensors_in_torch_tensors_out(rng):
     cell, x, params, states, gy, finals = problem(halstm.GRU, rng)
-    to_torch = lambda d: {k: torch.from_numpy(v) for k, v in d.items()}  # noqa: E731
+    to_torch = lambda d: {k: torch.from_numpy(v) for k, v in d.items()}
     forward, backward = compiled(halstm.GRU)
     seqs = forward.sequences(torch.from_numpy(x), to_torch(params), to_torch(states))
-    dx, dparams, dstates = backward(torch.from_numpy(x), to_torch(params), seqs, to_torch(sequence_grads(cell, gy, finals, np.float32)))
+    dx, _, _ = backward(torch.from_numpy(x), to_torch(params), seqs, to_torch(sequence_grads(cell, gy, finals, np.float32)))
     assert isinstance(dx, torch.Tensor) and dx.shape == (T_, B_, I_)
     want = reference_backward(cell, x, upcast(params), upcast(states), sequence_grads(cell, gy, finals))
     assert rel_err(dx.numpy(), want[0]) < TOLERANCE["float32"]
 
 
 def test_bad_arguments_are_named(rng):
-    cell, x, params, states, gy, finals = problem(halstm.GRU, rng)
+    _, x, params, states, _, _ = problem(halstm.GRU, rng)
     forward, backward = compiled(halstm.GRU)
     seqs = forward.sequences(x, params, states)
     with pytest.raises(ValueError, match=r"seqs\['h'\]: expected shape \(6, 3, 16\)"):
