@@ -112,10 +112,10 @@ def reference_backward(cell: Cell, x, params: dict, states: dict | None, grads: 
     dx, dparams = np.zeros_like(x), {n: np.zeros(np.shape(params[n])) for n in ph_params}
     for t in reversed(range(T)):
         ev = evaluator(t, seq[t], ((p.op, v) for p, v in zip(d_next, d)))
-        values = [None if a is None else ev.tensor(a) for a in found]
-        dx[t] = 0 if values[0] is None else values[0]
-        d = [np.asarray(grads.get(s, zero)[t], dtype=np.float64) + (0 if v is None else v)
+        values = [0.0 if a is None else ev.tensor(a) for a in found]  # None: no dependence
+        dx[t] = values[0]
+        d = [np.asarray(grads.get(s, zero)[t], dtype=np.float64) + v
              for s, v in zip(cell.states, values[1:1 + len(cell.states)])]
         for n, v in zip(ph_params, values[1 + len(cell.states):]):
-            dparams[n] += 0 if v is None else v
+            dparams[n] += v
     return dx, dparams, dict(zip(cell.states, d))
