@@ -126,7 +126,11 @@ def bench(target, shapes, use_compile, out):
                     mod.load_state_dict({f"{k}_l0": v for k, v in p.items()})
                     hx = (s["h"][None], s["c"][None]) if name == "LSTM" else s["h"][None]
                     with torch.no_grad():
-                        row["cudnn"] = timed(lambda: mod(x, hx))
+                        row["cudnn"] = timed(lambda: mod(x, hx))  # TF32 allowed: torch's default
+                        if dtype == "float32":
+                            torch.backends.cudnn.allow_tf32 = False
+                            row["cudnn fp32"] = timed(lambda: mod(x, hx))
+                            torch.backends.cudnn.allow_tf32 = True
                 else:
                     step = torch_cell(name, p)
 
@@ -166,8 +170,8 @@ def gemm_flops(row) -> int:
 def table(rows, device):
     lines = [f"GPU: {device}", "",
              "| T | B | H | cell | dtype | " + " | ".join(f"{r} ms" for r in RECIPES)
-             + " | best us/step | best TFLOP/s | cuDNN ms | eager ms | torch.compile ms | ratio cuDNN/best | halstm compile s |",
-             "|" + "---|" * (12 + len(RECIPES))]
+             + " | best us/step | best TFLOP/s | cuDNN ms | cuDNN no-TF32 ms | eager ms | torch.compile ms | ratio cuDNN/best | halstm compile s |",
+             "|" + "---|" * (13 + len(RECIPES))]
     for r in rows:
         ours = [r.get(k) for k in RECIPES if r.get(k) is not None]
         best = min(ours) if ours else None
@@ -178,7 +182,7 @@ def table(rows, device):
         tflops = "-" if best is None else f"{gemm_flops(r) / best / 1e9:.1f}"
         lines.append(f"| {r['T']} | {r['B']} | {r['H']} | {r['cell']} | {r['dtype']} | "
                      + " | ".join(ms(r.get(k)) for k in RECIPES)
-                     + f" | {step_us} | {tflops} | {ms(r.get('cudnn'))} | "
+                     + f" | {step_us} | {tflops} | {ms(r.get('cudnn'))} | {ms(r.get('cudnn fp32'))} | "
                      f"{ms(r.get('eager'))} | {ms(r.get('torch.compile'))} | {ratio} | {comp} |")
     return "\n".join(lines) + "\n\nratio: cuDNN time (LSTM/GRU) or torch.compile time (custom cells) over halstm's best; > 1 is faster.\n"
 

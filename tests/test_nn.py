@@ -161,7 +161,7 @@ def test_gradients_match_cudnn_on_a_side_stream(ours, theirs, monkeypatch):
     """Training on the GPU, on a non-default stream: the gradients as cuDNN's (full fp32)."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     module, reference = twins(ours, theirs, input_size=32, hidden_size=48, num_layers=2, bidirectional=True)
-    module, reference = module.cuda(), reference.cuda()
+    module, reference = module.cuda().train(), reference.cuda().train()  # cuDNN's backward needs training mode
     x = torch.randn(20, 4, 32, device="cuda")
     x1, x2 = leaf(x), leaf(x)
     stream = torch.cuda.Stream()
