@@ -80,11 +80,11 @@ class CudaStepLoop(Recipe):
             inline_elementwise(sch, sch.get_sblock(scope), keep=operands)
             gemms, elementwise = child_blocks(sch, scope, program)
             views = {m.buffer.name for m in sch.get(sch.get_sblock(scope)).match_buffers}
-            names = [sch.get(b).name_hint for b in elementwise]
+            # a state's copy goes into the GEMM's shared tile (gemm_tiled inlines it there)
+            elementwise = [b for b in elementwise
+                           if not (sch.get(b).name_hint in operands and is_pure_copy(sch, b))]
             for gemm in gemms:
                 gemm_tiled(sch, gemm, tile, views)
-            left = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock(scope))}
-            elementwise = [sch.get_sblock(n) for n in names if n in left]  # staged copies are gone
             for block in merge_next_states(sch, sch.get_sblock(scope), elementwise):
                 _bind_flat(sch, block, k["threads"])
         return sch
