@@ -57,13 +57,16 @@ class CudaStepLoop(Recipe):
     def defaults(self, program, target) -> dict:
         """The first value of each knob, but the step GEMM's column tile halved (down to 32) while
         its grid leaves SMs idle: at B=64, H=1024 (N=4096) 64 x 64 tiles made 64 blocks for the
-        H100's 132 SMs and the step GEMM ran at 5.8 TFLOP/s (ncu: 92 us a step)."""
+        H100's 132 SMs and the step GEMM ran at 5.8 TFLOP/s (ncu: 92 us a step); and widened until
+        a block has a warp's threads."""
         k = super().defaults(program, target)
         widest = max((g.rows for stage in program.plan.stages for g in stage), default=0)
         while (target is not None and k["block_cols"] > 32
                and step_tile(k, program.batch).blocks(program.batch, widest) < target.sms):
             k["block_cols"] //= 2
             k["thread_cols"] = max(1, k["thread_cols"] // 2)  # as many threads as before
+        while step_tile(k, program.batch).threads < 32:  # at B=1 one row thread: widen to a warp
+            k["block_cols"] *= 2
         return k
 
     def valid(self, program, target, knobs) -> bool:

@@ -49,14 +49,6 @@ class CudaGreedyDecode(CudaStepLoop):
 
     name = "cuda-greedy-decode"
 
-    def defaults(self, program, target) -> dict:
-        """cuda-step-loop's, with column tiles widened until a block has a warp's threads (``valid``
-        asks for 32): at B=1 the step tile has one row thread, and 64 columns made 16 threads."""
-        k = super().defaults(program, target)
-        while step_tile(k, program.batch).threads < 32:
-            k["block_cols"] *= 2
-        return k
-
     def apply(self, program, target, **knobs) -> Schedule:
         k = self.resolve(program, target, knobs)
         sch = Schedule(program.mod)
