@@ -4,7 +4,7 @@ parameters, forward and forward+backward, at a small (B=8, T=128, C=512, K=7, H=
 
 PyTorch is fairseq's unfold formulation (``halstm.models.conv_reference``, what fairseq runs without
 its CUDA kernels) and, for the lightweight layer, a depthwise ``F.conv1d`` (oneDNN / cuDNN). Time:
-median ms of runs that alternate between the implementations, after warm-up. Memory: how much the
+medians of runs that alternate between the implementations, after warm-up. Memory: how much the
 process's memory grew over one call (the first after compiling): resident memory on the CPU, memory
 in use on the device (torch's cache emptied before) on a GPU. TVM keeps its workspace between calls,
 so a function may reuse up to a few MB an earlier one left. Each result is first checked against the
@@ -22,13 +22,13 @@ import datetime
 import gc
 import json
 import os
-import platform
-import statistics
 import time
 
-# Both thread pools wait passively once their work is done: on a few shared cores a spinning pool
-# starves the other (see benchmarks/seq2seq.py). Set before torch and TVM start their pools.
-WAIT = {"OMP_WAIT_POLICY": "PASSIVE", "TVM_THREAD_POOL_SPIN_COUNT": "0"}
+# torch's OpenMP threads sleep once their work is done: spinning, they starved TVM's pool (2 cores:
+# the small lightweight layer's forward+backward 16 ms against 3.3 ms). TVM's own pool keeps spinning:
+# TVM_THREAD_POOL_SPIN_COUNT=0 as well made the realistic lightweight forward 187-233 ms instead of
+# 72-81 once torch's pool had started. Set before torch and TVM start their pools.
+WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
 for _name, _value in WAIT.items():
     os.environ.setdefault(_name, _value)
 
@@ -36,6 +36,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import tvm  # noqa: E402
 
+from halstm.bench import alternating_median_ms, machine  # noqa: E402
 from halstm.models import conv_reference  # noqa: E402
 from halstm.models.conv import ConvLayer  # noqa: E402
 from halstm.models.conv_torch import DynamicConv1d, LightweightConv1d, compiled  # noqa: E402
@@ -126,19 +127,6 @@ class Memory:
         return (self.used() - before) / 2**20
 
 
-def median_ms(fns: dict, sync, warmup: int, repeat: int) -> dict[str, float]:
-    times = {name: [] for name in fns}
-    for i in range(warmup + repeat):
-        for name, fn in fns.items():
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            if i >= warmup:
-                times[name].append(1e3 * (time.perf_counter() - start))
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def rel_err(got, want) -> float:
     return float((got.double() - want.double()).norm() / want.double().norm())
 
@@ -163,7 +151,7 @@ def run(device: str, config: str, layer: str, warmup: int, repeat: int) -> list[
     for backward in (False, True):
         mb = {name: memory.growth_mb(lambda m=m: step(m, x, grad, backward)) for name, m in impls.items()}
         fns = {name: (lambda m=m: step(m, x, grad, backward)) for name, m in impls.items()}
-        ms = median_ms(fns, sync, warmup, repeat)
+        ms = alternating_median_ms(fns, sync, warmup, repeat)
         for name in impls:
             rows.append(dict(device=device, config=config, **cfg, layer=layer,
                              passes="forward+backward" if backward else "forward", impl=name, ms=ms[name],
@@ -172,14 +160,6 @@ def run(device: str, config: str, layer: str, warmup: int, repeat: int) -> list[
         for m in impls.values():
             m.zero_grad(set_to_none=True)
     return rows
-
-
-def machine(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    with open("/proc/cpuinfo") as f:
-        name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.machine())
-    return f"{name}, {torch.get_num_threads()} threads"
 
 
 def table(rows: list[dict]) -> str:
@@ -207,15 +187,16 @@ def main(argv=None):
     parser.add_argument("--out", default="conv-results.json")
     parser.add_argument("--record", help="a JSON list this run is appended to (docs/conv-results.json)")
     args = parser.parse_args(argv)
-    rows = []
+    rows, load = [], os.getloadavg()[0]
     for device in args.devices.split(","):
         for config in args.configs.split(","):
             for layer in args.layers.split(","):
                 rows += run(device, config, layer, args.warmup, args.repeat)
                 print(table(rows[-6 if layer == "lightweight" else -4:]).split("\n", 2)[2], flush=True)
-    record = dict(date=datetime.date.today().isoformat(), machines={d: machine(d) for d in args.devices.split(",")},
+    machines = {d: torch.cuda.get_device_name() if d == "cuda" else machine() for d in args.devices.split(",")}
+    record = dict(date=datetime.date.today().isoformat(), machines=machines,
                   torch=torch.__version__, tvm=tvm.__version__, env={k: os.environ[k] for k in WAIT},
-                  warmup=args.warmup, repeat=args.repeat, rows=rows)
+                  warmup=args.warmup, repeat=args.repeat, load_average=[load, os.getloadavg()[0]], rows=rows)
     print(table(rows))
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)

@@ -12,8 +12,8 @@ K // 2 centred):
     dynamic      w[m, h, k] = softmax_k z[m, h * K + k],  z = x @ W^T + beta     predicted per row
 
 (without ``weight_softmax``, w is ``weight`` or z itself). The backward passes are derived by hand
-below. Tags mark the computations a recipe schedules by their shape (``halstm.schedules.conv_cpu``):
-a GEMM, a sum over the K taps of a window, over all rows, or over the channels of a head.
+below. Tags mark the computations a recipe schedules by their shape (``halstm.schedules.conv``): a
+GEMM, a sum over the K taps of a window, over all rows, or over the channels of a head.
 """
 
 from __future__ import annotations
@@ -70,7 +70,10 @@ def forward_program(layer: ConvLayer) -> OpProgram:
     """(x, weight, bias) -> y, or (x, weight_linear, bias_linear, bias) -> y, kernel (and z, scratch).
     The biases are zeros for a layer without them."""
     n, C, N = layer.rows, layer.channels, layer.kernel_width
-    params = {"weight_linear": (N, C), "bias_linear": (N,)} if layer.dynamic else {"weight": (layer.heads, layer.kernel_size)}
+    if layer.dynamic:
+        params = {"weight_linear": (N, C), "bias_linear": (N,)}
+    else:
+        params = {"weight": (layer.heads, layer.kernel_size)}
     args = _placeholders(layer, {"x": (n, C), **params, "bias": (C,)})
     out = forward(layer, **args)
     scratch = {"z": out.pop("z")} if layer.dynamic else {}
@@ -127,8 +130,8 @@ def lightweight_backward(layer: ConvLayer, x, weight, grad) -> dict:
     R, K, C = layer.head_size, layer.kernel_size, layer.channels
     w = _normalised(layer, weight)
     dx = _taps(layer, "dx", lambda s, k, c: w[c // R, k] * _at(layer, s - layer.shift(k), lambda m: grad[m, c]))
-    per_channel = _sum_rows(layer, (K, C), lambda k, c, m: grad[m, c] * _at(layer, m + layer.shift(k), lambda s: x[s, c]),
-                            "dw_channel")
+    per_channel = _sum_rows(layer, (K, C), lambda k, c, m: grad[m, c] * _at(layer, m + layer.shift(k),
+                                                                              lambda s: x[s, c]), "dw_channel")
     r = te.reduce_axis((0, R), name="r")
     dw = te.compute((layer.heads, K), lambda h, k: te.sum(per_channel[k, h * R + r], axis=r), name="dw")
     dweight = _softmax_backward(w, dw, "dweight") if layer.weight_softmax else dw
@@ -149,15 +152,19 @@ def dynamic_backward(layer: ConvLayer, x, kernel, weight_linear, grad) -> dict:
     n, C, N = layer.rows, layer.channels, layer.kernel_width
     r = te.reduce_axis((0, R), name="r")
     dw = te.compute((n, H, K), lambda m, h, k: te.sum(
-        grad[m, h * R + r] * _at(layer, m + layer.shift(k), lambda s: x[s, h * R + r]), axis=r), name="dkernel", tag=HEAD)
+        grad[m, h * R + r] * _at(layer, m + layer.shift(k), lambda s: x[s, h * R + r]), axis=r),
+        name="dkernel", tag=HEAD)
     dz = _softmax_backward(kernel, dw, "dz_heads") if layer.weight_softmax else dw
     dz = te.compute((n, N), lambda m, j: dz[m, j // K, j % K], name="dz")
     dweight_linear = _matmul(N, C, n, lambda j, m: dz[m, j], lambda m, c: x[m, c], "dweight_linear")
     dx_linear = _matmul(n, C, N, lambda m, j: dz[m, j], lambda j, c: weight_linear[j, c], "dx_linear")
-    dx = _taps(layer, "dx_taps", lambda s, k, c: _at(layer, s - layer.shift(k), lambda m: kernel[m, c // R, k] * grad[m, c]))
+    dx = _taps(layer, "dx_taps", lambda s, k, c: _at(layer, s - layer.shift(k),
+                                                     lambda m: kernel[m, c // R, k] * grad[m, c]))
     dx = te.compute((n, C), lambda s, c: dx_linear[s, c] + dx[s, c], name="dx")
-    return {"dx": dx, "dweight_linear": dweight_linear, "dbias_linear": _sum_rows(layer, (N,), lambda j, m: dz[m, j], "dbias_linear"),
-            "dbias": _sum_rows(layer, (C,), lambda c, m: grad[m, c], "dbias"), "dkernel": dw, "dz": dz, "dx_linear": dx_linear}
+    dbias_linear = _sum_rows(layer, (N,), lambda j, m: dz[m, j], "dbias_linear")
+    dbias = _sum_rows(layer, (C,), lambda c, m: grad[m, c], "dbias")
+    return {"dx": dx, "dweight_linear": dweight_linear, "dbias_linear": dbias_linear, "dbias": dbias,
+            "dkernel": dw, "dz": dz, "dx_linear": dx_linear}
 
 
 def _at(layer: ConvLayer, row, value):
@@ -168,7 +175,8 @@ def _at(layer: ConvLayer, row, value):
 def _taps(layer: ConvLayer, name: str, term) -> te.Tensor:
     """out[m, c] = sum_k term(m, k, c) over the K taps."""
     k = te.reduce_axis((0, layer.kernel_size), name="k")
-    return te.compute((layer.rows, layer.channels), lambda m, c: te.sum(term(m, k, c), axis=k), name=name, tag=TAPS)
+    return te.compute((layer.rows, layer.channels), lambda m, c: te.sum(term(m, k, c), axis=k), name=name,
+                      tag=TAPS)
 
 
 def _sum_rows(layer: ConvLayer, shape, term, name: str) -> te.Tensor:

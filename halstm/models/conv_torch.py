@@ -41,7 +41,8 @@ def compiled(layer: ConvLayer, backward: bool, device: torch.device) -> Compiled
 
 def _layer(x, heads: int, kernel_size: int, padding_l: int, weight_softmax: bool, dynamic: bool) -> ConvLayer:
     T, B, C = x.shape
-    return ConvLayer(T, B, C, kernel_size, heads, padding_l, weight_softmax, dynamic, str(x.dtype).replace("torch.", ""))
+    dtype = str(x.dtype).replace("torch.", "")
+    return ConvLayer(T, B, C, kernel_size, heads, padding_l, weight_softmax, dynamic, dtype)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -77,7 +78,8 @@ def dynamic_conv(x: torch.Tensor, weight_linear: torch.Tensor, bias_linear: torc
 
 @torch.library.custom_op("halstm::dynamic_conv_backward", mutates_args=())
 def dynamic_conv_backward(grad: torch.Tensor, x: torch.Tensor, kernel: torch.Tensor, weight_linear: torch.Tensor,
-                          padding_l: int, weight_softmax: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                          padding_l: int, weight_softmax: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dx, dweight_linear, dbias_linear, dbias."""
     _, heads, K = kernel.shape
     layer = _layer(x, heads, K, padding_l, weight_softmax, dynamic=True)
@@ -103,7 +105,8 @@ def _(x, weight_linear, bias_linear, bias, heads, padding_l, weight_softmax):
 
 @dynamic_conv_backward.register_fake
 def _(grad, x, kernel, weight_linear, padding_l, weight_softmax):
-    return torch.empty_like(x), torch.empty_like(weight_linear), x.new_empty(weight_linear.shape[0]), x.new_empty(x.shape[-1])
+    N, C = weight_linear.shape
+    return torch.empty_like(x), torch.empty_like(weight_linear), x.new_empty(N), x.new_empty(C)
 
 
 def _save_lightweight(ctx, inputs, output):

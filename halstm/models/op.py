@@ -85,8 +85,9 @@ class CompiledOp:
         return f"<compiled {self.program.name} on {self.target.key} with {self.recipe.name} {self.knobs}>"
 
 
-def compile_op(program: OpProgram, target="cpu", recipes=(), knobs: dict | None = None) -> CompiledOp:
-    """Build ``program`` with the first of ``recipes`` that applies on ``target``."""
+def compile_op(program: OpProgram, target, recipes, knobs: dict | None = None) -> CompiledOp:
+    """Build ``program`` with the first of ``recipes`` that applies on ``target`` ("cpu", "cuda" or a
+    ``halstm.targets`` object); ``knobs`` override its defaults."""
     target = targets.resolve(target)
     recipe = next((r for r in recipes if r.is_applicable(program, target)), None)
     if recipe is None:
