@@ -1,17 +1,22 @@
-"""CPU recipe for the convolutions of ``halstm.models.conv``: each block scheduled by the shape its tag
-names, on all cores, vectorised along the channels (the contiguous axis of the large buffers).
+"""CPU recipe for the convolutions of ``halstm.models.conv``: each block by the shape its tag names, on
+all cores, vectorised along the channels (the contiguous axis of the large buffers), the accumulators
+of a task in registers ("local" tiles). Measured on 2 cores of an AMD EPYC (znver3) at the realistic
+size (B=32, T=512, C=1024, K=31, H=16):
 
-    GEMM (the dynamic kernel's Linear and its gradients): the cell recipe's micro-kernel, the operand
-        read along the columns first copied into contiguous column strips when stored (columns, depth)
-    taps   out[m, c] = sum_k ...: for m (parallel), column strip: acc = 0; for k: acc[rows, cols] += ...
-    rows   out[i, c] = sum_m ...: for i tile, column strip (parallel): for m: acc[rows, cols] += ...
-    head   out[m, h, k] = sum_r ...: sums of r in SIMD lanes (rfactor), then across the lanes
+    GEMM   (the dynamic kernel's Linear and its gradients, 16384 x 496 x 1024): tasks of a panel of
+           rows x a strip of columns, the depth in chunks, the operand read along the columns packed
+           in contiguous strips. 100-176 GFLOP/s; the cell recipe's micro-kernel (the whole depth
+           under one register tile) ran the weight gradient, depth 16384, at 54 GFLOP/s, and
+           without the strips the GEMMs ran at 12-77
+    taps   out[m, c] = sum_k ...: a tile of 2 rows x 2 vectors a task, the K taps inside: the
+           lightweight forward in 55-60 ms; tiles whose rows step in time (B * C * 4 = 128 KiB apart,
+           one cache set) ran 2-10x slower
+    rows   out[k, c] = sum over the T * B rows: chunks of 512 rows summed in parallel (rfactor), a
+           tile of 4 taps x 2 vectors a task: the lightweight weight gradient in 75 ms (400 ms
+           with a task one tap and a column strip over all the rows)
+    head   out[m, h, k] = sum over the R channels of a head: the channels in SIMD lanes (rfactor),
+           then the lanes summed
     others (softmaxes over the K taps, per-head sums): parallel over their first loop
-
-The accumulators stay in registers ("local" tiles), and an elementwise block after a GEMM, taps or rows
-sum (a bias, the two parts of dx) is computed as the tile is stored. Measured on 2 cores of an AMD
-EPYC (znver3), lightweight forward B=32 T=512 C=1024 K=31: 40 ms with the taps tiled one row by
-4 vectors; 45-250 ms with rows that step in time (B * C * 4 = 128 KiB apart: one cache set).
 """
 
 from __future__ import annotations
