@@ -4,8 +4,8 @@
 Forward and backward are compiled functions (``conv.forward_program``, ``conv.backward_program``),
 built on first use per shape, options, dtype and device, then cached. They are ``torch.library`` ops
 with their backward registered (``register_autograd``), and fake implementations for
-``torch.compile``. Tensors pass by DLPack on torch's current CUDA stream; every large buffer,
-scratch included, is allocated by torch.
+``torch.compile``. Tensors pass by DLPack on torch's current CUDA stream; outputs and scratch
+buffers are allocated by torch.
 
 Not supported: ``weight_dropout`` > 0, incremental (step-by-step) decoding, a separate ``query``,
 ``renorm_padding`` and ``in_proj`` of the dynamic layer.

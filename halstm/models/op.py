@@ -16,9 +16,10 @@ from halstm.runtime import Arg, _check, _TorchFrame
 class OpProgram:
     """The unscheduled function ``main`` and what calling it needs.
 
-    ``args`` are in call order, with role "input", "output" or "scratch": a buffer the caller
-    allocates and drops after the call, so that every large buffer comes from the caller (torch's
-    allocator counts it) and none from the function. ``tags`` maps a block to its computation's TE tag.
+    ``args`` are in call order, with role "input", "output" or "scratch": an intermediate result the
+    caller allocates and drops after the call, so that torch's allocator counts the large ones (what
+    a recipe adds, a packed copy of an operand, is the function's own). ``tags`` maps a block to the
+    TE tag of the computation that made it.
     """
 
     name: str
@@ -67,6 +68,9 @@ class CompiledOp:
             raise TypeError(f"{self.program.name} takes {[a.name for a in expected]}, got {len(values)} tensors")
         frame = _TorchFrame(values[0], self.target.device())
         given = dict(zip((a.name for a in expected), values))
+        for name, value in given.items():
+            if value.device != values[0].device:
+                raise ValueError(f"{name} is on {value.device}, {expected[0].name} on {values[0].device}")
         tensors, outputs = [], {}
         for arg in self.program.args:
             if arg.role == "input":
