@@ -20,7 +20,6 @@ import argparse
 import ctypes
 import datetime
 import gc
-import json
 import os
 import time
 
@@ -36,7 +35,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import tvm  # noqa: E402
 
-from halstm.bench import alternating_median_ms, machine  # noqa: E402
+from halstm.bench import alternating_median_ms, machine, save_run  # noqa: E402
 from halstm.models import conv_reference  # noqa: E402
 from halstm.models.conv import ConvLayer  # noqa: E402
 from halstm.models.conv_torch import DynamicConv1d, LightweightConv1d, compiled  # noqa: E402
@@ -198,12 +197,7 @@ def main(argv=None):
                   torch=torch.__version__, tvm=tvm.__version__, env={k: os.environ[k] for k in WAIT},
                   warmup=args.warmup, repeat=args.repeat, load_average=[load, os.getloadavg()[0]], rows=rows)
     print(table(rows))
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
-    if args.record:
-        history = json.load(open(args.record)) if os.path.exists(args.record) else []
-        with open(args.record, "w") as f:
-            json.dump(history + [record], f, indent=1)
+    save_run(record, args.out, args.record)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ for _name, _value in WAIT.items():
 import torch  # noqa: E402
 import tvm  # noqa: E402
 
-from halstm.bench import alternating_median_ms  # noqa: E402
+from halstm.bench import alternating_median_ms, save_run  # noqa: E402
 from halstm.models.seq2seq import Seq2Seq, TorchSeq2Seq  # noqa: E402
 
 
@@ -119,12 +119,7 @@ def main():
         result["rows"].append(bench(batch, a, sync))
         print(json.dumps(result["rows"][-1]), flush=True)
     print(table(result))
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=1)
-    if a.record:
-        runs = json.load(open(a.record)) if os.path.exists(a.record) else []
-        with open(a.record, "w") as f:
-            json.dump(runs + [result], f, indent=1)
+    save_run(result, a.out, a.record)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ with PyTorch (nn.LSTM/nn.GRU, when installed) and a plain NumPy loop, print a ta
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import statistics
 import time
@@ -135,6 +137,17 @@ def format_row(r: Row) -> str:
     ratio = "-" if r.torch_ms is None else f"{r.torch_ms / r.halstm_ms:.2f}x"
     return (f"| {r.cell} | {r.steps} | {r.batch} | {r.hidden} | {r.compile_s:.1f} | {r.error:.1e} | "
             f"{_ms(r.halstm_ms)} | {_ms(r.torch_ms)} | {_ms(r.numpy_ms)} | {ratio} |")
+
+
+def save_run(run: dict, out: str, record: str | None = None) -> None:
+    """Write one benchmark run as JSON to ``out`` and, with ``record``, append it to that JSON list
+    (the results kept in docs/)."""
+    with open(out, "w") as f:
+        json.dump(run, f, indent=1)
+    if record:
+        history = json.load(open(record)) if os.path.exists(record) else []
+        with open(record, "w") as f:
+            json.dump(history + [run], f, indent=1)
 
 
 def machine() -> str:
