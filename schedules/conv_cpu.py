@@ -26,7 +26,7 @@ from tvm.s_tir import Schedule
 from halstm.models.conv import HEAD, ROWS, TAPS
 from halstm.ops import MATMUL_TAG
 
-from .cpu import _parallel_rows
+from .cpu import parallel_rows
 from .conv import ConvRecipe
 
 
@@ -59,7 +59,7 @@ class CpuConv(ConvRecipe):
         elif tag == HEAD:
             _lane_sums(sch, block, target.lanes)
         else:
-            _parallel_rows(sch, block, target.lanes)
+            parallel_rows(sch, block, target.lanes)
 
 
 def _tile(tile: tuple[int, int], target) -> tuple[int, int]:
@@ -129,7 +129,7 @@ def _sum_rows(sch: Schedule, block, rows: int, cols: int, chunk: int, lanes: int
     *spatial, chunks, red = sch.get_loops(partial)
     sch.reorder(chunks, *spatial, red)
     _register_tile(sch, partial, rows, cols)
-    _parallel_rows(sch, block, lanes)
+    parallel_rows(sch, block, lanes)
 
 
 def _lane_sums(sch: Schedule, block, lanes: int) -> None:

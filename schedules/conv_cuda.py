@@ -21,7 +21,7 @@ from halstm.models.conv import HEAD, ROWS, TAPS
 from halstm.ops import MATMUL_TAG
 
 from .conv import ConvRecipe
-from .cuda import GemmTile, _bind_flat, gemm_tiled
+from .cuda import GemmTile, bind_flat, gemm_tiled
 
 
 class CudaConv(ConvRecipe):
@@ -42,7 +42,7 @@ class CudaConv(ConvRecipe):
         elif tag == HEAD:
             _warp_sums(sch, block, k["warps"])
         else:  # taps and the rest: a thread an output, any reduction serial inside it
-            _bind_flat(sch, block, k["threads"])
+            bind_flat(sch, block, k["threads"])
 
 
 def _sum_rows(sch, block, chunk: int, threads: int) -> None:
@@ -51,8 +51,8 @@ def _sum_rows(sch, block, chunk: int, threads: int) -> None:
     partial = sch.rfactor(chunks, 0)
     *spatial, chunks, red = sch.get_loops(partial)
     sch.reorder(chunks, *spatial, red)
-    _bind_flat(sch, partial, threads)
-    _bind_flat(sch, block, threads)
+    bind_flat(sch, partial, threads)
+    bind_flat(sch, block, threads)
 
 
 def _warp_sums(sch, block, warps: int) -> None:

@@ -56,7 +56,7 @@ class CpuStepLoop(Recipe):
             for gemm in gemms:
                 _micro_kernel(sch, gemm, k["rows"], k["vectors"] * target.lanes, k["panel"])
             for block in merge_next_states(sch, sch.get_sblock(scope), others):
-                _parallel_rows(sch, block, target.lanes)
+                parallel_rows(sch, block, target.lanes)
         return sch
 
 
@@ -81,7 +81,7 @@ def _micro_kernel(sch: Schedule, block, rows: int, cols: int, panel: int) -> Non
     sch.decompose_reduction(block, k)
 
 
-def _parallel_rows(sch: Schedule, block, lanes: int) -> None:
+def parallel_rows(sch: Schedule, block, lanes: int) -> None:
     """Rows across cores; the hidden units of a row in SIMD lanes (not for a cell's own
     reductions, which keep their inner loop serial)."""
     loops = sch.get_loops(block)

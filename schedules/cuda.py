@@ -89,7 +89,7 @@ class CudaStepLoop(Recipe):
             for gemm in gemms:
                 gemm_tiled(sch, gemm, tile, views)
             for block in merge_next_states(sch, sch.get_sblock(scope), elementwise):
-                _bind_flat(sch, block, k["threads"])
+                bind_flat(sch, block, k["threads"])
         return sch
 
 
@@ -194,7 +194,7 @@ def _cooperative_fetch(sch: Schedule, tile, threads: int, transposed: bool, alig
     sch.bind(tx, "threadIdx.x")
 
 
-def _bind_flat(sch: Schedule, block, threads: int) -> None:
+def bind_flat(sch: Schedule, block, threads: int) -> None:
     """One thread per output element; a cell's own reduction (a layer norm's sum) runs serially
     inside its thread (its reduce loops are innermost, as te.create_prim_func makes them)."""
     loops = sch.get_loops(block)

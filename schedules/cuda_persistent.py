@@ -25,7 +25,7 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import ACCUMULATE, indent, skeleton
 
-from .cuda import CudaStepLoop, _bind_flat, gemm_tiled, hoisted_tile
+from .cuda import CudaStepLoop, bind_flat, gemm_tiled, hoisted_tile
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -59,7 +59,7 @@ class CudaPersistent(Recipe):
         for gemm in gemms:
             gemm_tiled(sch, gemm, hoisted_tile(step))
         for block in others:
-            _bind_flat(sch, block, step["threads"])
+            bind_flat(sch, block, step["threads"])
         return sch
 
 

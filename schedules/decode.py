@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from tvm.s_tir import Schedule
 
-from .cpu import CpuStepLoop, _parallel_rows
-from .cuda import CudaStepLoop, _bind_flat, gemm_tiled, step_tile
+from .cpu import CpuStepLoop, parallel_rows
+from .cuda import CudaStepLoop, bind_flat, gemm_tiled, step_tile
 from .recipe import child_blocks, inline_elementwise, is_reduction, merge_next_states
 
 
@@ -37,7 +37,7 @@ class CpuGreedyDecode(CpuStepLoop):
             if epilogue is not None:
                 sch.reverse_compute_inline(epilogue)
         for block in _packing(sch):
-            _parallel_rows(sch, block, target.lanes)
+            parallel_rows(sch, block, target.lanes)
         return sch
 
 
@@ -65,9 +65,9 @@ class CudaGreedyDecode(CudaStepLoop):
             left = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock(scope))}
             others = [sch.get_sblock(n) for n in names if n in left]  # the lookup and epilogues are inlined
             for block in merge_next_states(sch, sch.get_sblock(scope), others):
-                (_row_reduction if is_reduction(sch, block) else _bind_flat)(sch, block, k["threads"])
+                (_row_reduction if is_reduction(sch, block) else bind_flat)(sch, block, k["threads"])
         for block in _packing(sch):
-            _bind_flat(sch, block, k["threads"])
+            bind_flat(sch, block, k["threads"])
         return sch
 
 
