@@ -22,7 +22,7 @@ from .compiler import check_problem
 from .lowering import lower
 from .oracle import _Evaluator
 from .plan import make_plan
-from .runtime import _check, _check_names, _frame, _new
+from .runtime import check_array, check_names, as_frame, new_array
 
 
 def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32", target="cpu",
@@ -56,10 +56,10 @@ class CompiledBackward:
         p = self.program
         cell, T, B, dtype = p.plan.cell, p.bptt.steps, p.bptt.batch, p.bptt.dtype
         device = self.target.device()
-        frame = _frame(x, device)
-        params = _check_names(params, "params", set(cell.parameters()), required=True)
-        seqs = _check_names(seqs, "seqs", set(cell.states), required=True)
-        grads = _check_names(grads or {}, "grads", set(cell.states), required=False)
+        frame = as_frame(x, device)
+        params = check_names(params, "params", set(cell.parameters()), required=True)
+        seqs = check_names(seqs, "seqs", set(cell.states), required=True)
+        grads = check_names(grads or {}, "grads", set(cell.states), required=False)
         sequence = (T + 1, B, cell.hidden_size)
         given = {  # argument name -> (what the caller passed, its name for errors, the shape expected)
             "x": (x, "x", (T, B, cell.input_size)),
@@ -71,10 +71,10 @@ class CompiledBackward:
         for arg in p.args:
             if arg.name in given:
                 value, what, shape = given[arg.name]
-                _check(value, what, shape, dtype)
+                check_array(value, what, shape, dtype)
                 buffers[arg.name] = frame.share(value.reshape(arg.shape))
             else:  # a state without a gradient, the buffers between the two functions, the results
-                buffers[arg.name] = _new(arg, device, zeros=arg.role == "grad")
+                buffers[arg.name] = new_array(arg, device, zeros=arg.role == "grad")
         with frame.stream():
             for name, function in (("bptt", p.bptt), ("weights", p.weights)):
                 self.module[name](*(buffers[a.name] for a in function.args))

@@ -91,24 +91,24 @@ class SequenceFunction:
     def _bind(self, x, params: dict, states: dict | None):
         sig = self.signature
         T, B, H = sig.steps, sig.batch, sig.hidden_size
-        frame = _frame(x, self._device)
-        _check(x, "x", (T, B, sig.input_size), sig.dtype)
+        frame = as_frame(x, self._device)
+        check_array(x, "x", (T, B, sig.input_size), sig.dtype)
         names = {a.name for a in sig.args if a.role == "param"}
-        params = _check_names(params, "params", names, required=True)
-        states = _check_names(states or {}, "states", set(sig.states), required=False)
+        params = check_names(params, "params", names, required=True)
+        states = check_names(states or {}, "states", set(sig.states), required=False)
         tensors, outputs = [], {}
         for arg in sig.args:
             state = arg.name[:-1]
             if arg.role == "x":
                 t = frame.share(x.reshape(T * B, sig.input_size))
             elif arg.role == "param":
-                _check(params[arg.name], f"params['{arg.name}']", arg.shape, arg.dtype)
+                check_array(params[arg.name], f"params['{arg.name}']", arg.shape, arg.dtype)
                 t = frame.share(params[arg.name])
             elif arg.role == "state" and state in states:
-                _check(states[state], f"states['{state}']", arg.shape, arg.dtype)
+                check_array(states[state], f"states['{state}']", arg.shape, arg.dtype)
                 t = frame.share(states[state])
             else:
-                t = _new(arg, self._device, zeros=arg.role == "state")
+                t = new_array(arg, self._device, zeros=arg.role == "state")
                 outputs[arg.name] = t
             tensors.append(t)
 
@@ -122,7 +122,7 @@ class SequenceFunction:
         return run, finish
 
 
-def _new(arg: Arg, device, zeros: bool):
+def new_array(arg: Arg, device, zeros: bool):
     if zeros:
         return tvm.runtime.tensor(np.zeros(arg.shape, numpy_dtype(arg.dtype)), device)
     return tvm.runtime.empty(arg.shape, arg.dtype, device)
@@ -132,11 +132,11 @@ def numpy_dtype(dtype: str):
     return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
 
 
-def _frame(x, device):
+def as_frame(x, device):
     if isinstance(x, np.ndarray):
         return _NumpyFrame(device)
     if type(x).__module__.startswith("torch"):
-        return _TorchFrame(x, device)
+        return TorchFrame(x, device)
     raise TypeError(f"x must be a NumPy array or a torch tensor, got {type(x).__name__}")
 
 
@@ -164,7 +164,7 @@ class _NumpyFrame:
         return contextlib.nullcontext()
 
 
-class _TorchFrame:
+class TorchFrame:
     """torch tensors, shared through DLPack; they must be on the target's device."""
 
     def __init__(self, like, device):
@@ -197,7 +197,7 @@ def _dtype_of(value) -> str:
     return str(value.dtype).replace("torch.", "")
 
 
-def _check(value, what: str, shape: tuple, dtype: str) -> None:
+def check_array(value, what: str, shape: tuple, dtype: str) -> None:
     got = tuple(int(d) for d in getattr(value, "shape", ()))
     if not hasattr(value, "shape") or not hasattr(value, "dtype"):
         raise TypeError(f"{what}: expected an array of shape {shape}, got {type(value).__name__}")
@@ -209,7 +209,7 @@ def _check(value, what: str, shape: tuple, dtype: str) -> None:
         raise TypeError(f"{what}: expected dtype {dtype}, got {_dtype_of(value)}")
 
 
-def _check_names(values, what: str, names: set, required: bool) -> dict:
+def check_names(values, what: str, names: set, required: bool) -> dict:
     if not isinstance(values, dict):
         raise TypeError(f"{what} must be a dict by name, got {type(values).__name__}")
     extra = set(values) - names

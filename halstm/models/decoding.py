@@ -31,7 +31,7 @@ from ..lowering import (ACCUMULATE, PackedLayout, Skeleton, _body, _columns, _ge
                         _storage, _view, indent)
 from ..ops import CONCAT_TAG, argmax, concat, tracing
 from ..plan import Gemm, Matmul, Plan, _upstream
-from ..runtime import Arg, _check, _check_names, _frame, _new
+from ..runtime import Arg, check_array, check_names, as_frame, new_array
 
 FLOAT = "float32"
 
@@ -236,13 +236,13 @@ class GreedyDecoder:
     def pack(self, params: dict) -> dict:
         p = self.program
         unpacked = [a for a in p.pack_args if a.role == "param"] + [a for a in p.args if a.role == "param"]
-        _check_names(params, "params", {a.name for a in unpacked}, required=True)
-        frame = _frame(next(iter(params.values())), self._device)
+        check_names(params, "params", {a.name for a in unpacked}, required=True)
+        frame = as_frame(next(iter(params.values())), self._device)
         weights = {}
         for arg in unpacked:
-            _check(params[arg.name], f"params['{arg.name}']", arg.shape, arg.dtype)
+            check_array(params[arg.name], f"params['{arg.name}']", arg.shape, arg.dtype)
             weights[arg.name] = frame.share(params[arg.name])
-        weights |= {a.name: _new(a, self._device, zeros=False) for a in p.pack_args if a.role == "packed"}
+        weights |= {a.name: new_array(a, self._device, zeros=False) for a in p.pack_args if a.role == "packed"}
         with frame.stream():
             self.module["pack"](*(weights[a.name] for a in p.pack_args))
         return {a.name: weights[a.name] for a in p.args if a.role in ("param", "packed")}
@@ -250,15 +250,15 @@ class GreedyDecoder:
     def __call__(self, weights: dict, context, h0, start):
         p = self.program
         N, B, H, V = p.steps, p.batch, p.decoder.hidden_size, p.decoder.vocab_size
-        frame = _frame(context, self._device)
+        frame = as_frame(context, self._device)
         inputs = {"context": context, "h0": h0, "start": start}
         tensors, outputs = [], {}
         for arg in p.args:
             if arg.name in inputs:
-                _check(inputs[arg.name], arg.name, arg.shape, arg.dtype)
+                check_array(inputs[arg.name], arg.name, arg.shape, arg.dtype)
                 tensors.append(frame.share(inputs[arg.name]))
             elif arg.role == "output":
-                tensors.append(outputs.setdefault(arg.name, _new(arg, self._device, zeros=False)))
+                tensors.append(outputs.setdefault(arg.name, new_array(arg, self._device, zeros=False)))
             else:
                 tensors.append(weights[arg.name])
         with frame.stream():

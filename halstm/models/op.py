@@ -9,7 +9,7 @@ import tvm
 from tvm import te
 
 from halstm import targets
-from halstm.runtime import Arg, _check, _TorchFrame
+from halstm.runtime import Arg, check_array, TorchFrame
 
 
 @dataclass
@@ -66,7 +66,7 @@ class CompiledOp:
         expected = [a for a in self.program.args if a.role == "input"]
         if len(values) != len(expected):
             raise TypeError(f"{self.program.name} takes {[a.name for a in expected]}, got {len(values)} tensors")
-        frame = _TorchFrame(values[0], self.target.device())
+        frame = TorchFrame(values[0], self.target.device())
         given = dict(zip((a.name for a in expected), values))
         for name, value in given.items():
             if value.device != values[0].device:
@@ -74,7 +74,7 @@ class CompiledOp:
         tensors, outputs = [], {}
         for arg in self.program.args:
             if arg.role == "input":
-                _check(given[arg.name], arg.name, arg.shape, arg.dtype)
+                check_array(given[arg.name], arg.name, arg.shape, arg.dtype)
                 tensors.append(frame.share(given[arg.name]))
             else:
                 new = torch.empty(arg.shape, dtype=getattr(torch, arg.dtype), device=values[0].device)
