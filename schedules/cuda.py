@@ -71,7 +71,7 @@ class CudaStepLoop(Recipe):
 
     def valid(self, program, target, knobs) -> bool:
         size, threads = BYTES[program.dtype], target.max_threads
-        return (step_tile(knobs, knobs["block_rows"]).fits(size, threads)
+        return (step_tile(knobs, program.batch).fits(size, threads)  # the tile that runs
                 and hoisted_tile(knobs).fits(size, threads))
 
     def apply(self, program, target, **knobs) -> Schedule:
