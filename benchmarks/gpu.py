@@ -110,7 +110,7 @@ def bench(target, shapes, use_compile, out):
                 for recipe in RECIPES:
                     r = next(r for r in schedules.BUILTIN if r.name == recipe)
                     prog = halstm.lower(cell, T, B, dtype)
-                    if not r.is_applicable(prog, target) or (recipe == "cuda-persistent" and B > 2 * PREFERRED_MAX_BATCH):
+                    if not r.is_applicable(prog, target) or (recipe == "cuda-persistent" and B > PREFERRED_MAX_BATCH):
                         row[recipe] = None  # measured slower from B=64 on (docs/gpu-results.md); not rerun
                         continue
                     try:

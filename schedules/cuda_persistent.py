@@ -25,14 +25,14 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import ACCUMULATE, indent, skeleton
 
-from .cuda import CudaStepLoop, bind_flat, gemm_tiled, hoisted_tile
+from .cuda import BYTES, CudaStepLoop, bind_flat, gemm_tiled, hoisted_tile
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
-
-BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 # Largest batch at which ``recipes_for`` puts this recipe first. H100, 2026-11-22 (docs/gpu-results.md,
 # tiled step loop): faster than the step loop at B=1 (3.3-4.5x), B=8 (1.5-3.5x) and B=16 (1.3-2.8x);
 # slower at B=64, H=1024 (1.0-2.1x) and B=256 (2.6-4.6x): one thread walks all of K per output.
+# A size rule only: the third run found it slower at (T, B, H) = (1024, 16, 768) too (50 against 30 us
+# a step, six hidden units a block); the tuner measures both.
 PREFERRED_MAX_BATCH = 16
 
 
