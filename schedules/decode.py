@@ -14,7 +14,7 @@ from tvm.s_tir import Schedule
 
 from .cpu import CpuStepLoop, parallel_rows
 from .cuda import CudaStepLoop, bind_flat, gemm_tiled, step_tile
-from .recipe import child_blocks, inline_elementwise, is_reduction, merge_next_states
+from .recipe import child_blocks, inline_elementwise, is_pure_copy, is_reduction, merge_next_states
 
 
 class CpuGreedyDecode(CpuStepLoop):
@@ -56,14 +56,16 @@ class CudaGreedyDecode(CudaStepLoop):
             inline_elementwise(sch, sch.get_sblock(scope), keep={"embedding"})
             gemms, others = child_blocks(sch, scope, program)
             views = {m.buffer.name for m in sch.get(sch.get_sblock(scope)).match_buffers}
-            names = [sch.get(b).name_hint for b in others]
-            for gemm in gemms:
-                epilogue = _epilogue(sch, gemm)
+            epilogues = [_epilogue(sch, gemm) for gemm in gemms]
+            # kept as handles, less those tiling inlines: the lookup (read into the GEMM's tile) and
+            # the epilogues (block names repeat across scopes, so they are not found again by name)
+            gone = {sch.get_sref(b) for b in epilogues if b is not None}
+            others = [b for b in others
+                      if sch.get_sref(b) not in gone and not _feeds_tile(sch, b, gemms)]
+            for gemm, epilogue in zip(gemms, epilogues):
                 gemm_tiled(sch, gemm, step_tile(k, program.batch), views)
                 if epilogue is not None:
                     sch.reverse_compute_inline(epilogue)
-            left = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock(scope))}
-            others = [sch.get_sblock(n) for n in names if n in left]  # the lookup and epilogues are inlined
             for block in merge_next_states(sch, sch.get_sblock(scope), others):
                 (_row_reduction if is_reduction(sch, block) else bind_flat)(sch, block, k["threads"])
         for block in _packing(sch):
@@ -75,6 +77,13 @@ def _epilogue(sch: Schedule, block):
     """The elementwise block that alone reads ``block``'s result (the logits), or None."""
     consumers = sch.get_consumers(block)
     return consumers[0] if len(consumers) == 1 and not is_reduction(sch, consumers[0]) else None
+
+
+def _feeds_tile(sch: Schedule, block, gemms) -> bool:
+    """A copy read by a GEMM: ``gemm_tiled`` inlines it into the GEMM's staged tile."""
+    targets = {sch.get_sref(g) for g in gemms}
+    return (any(sch.get_sref(c) in targets for c in sch.get_consumers(block))
+            and not is_reduction(sch, block) and is_pure_copy(sch, block))
 
 
 def _packing(sch: Schedule) -> list:
