@@ -59,18 +59,18 @@ class CompiledOp:
             raise ValueError(f"recipe '{recipe.name}' does not apply to {program.name} on {target}")
         self.module = target.build(self.schedule.mod)
         self._main = self.module["main"]
+        self._inputs = [a.name for a in program.args if a.role == "input"]  # once, not per call
 
     def __call__(self, *values):
         import torch
 
-        expected = [a for a in self.program.args if a.role == "input"]
-        if len(values) != len(expected):
-            raise TypeError(f"{self.program.name} takes {[a.name for a in expected]}, got {len(values)} tensors")
+        if len(values) != len(self._inputs):
+            raise TypeError(f"{self.program.name} takes {self._inputs}, got {len(values)} tensors")
         frame = TorchFrame(values[0], self.target.device())
-        given = dict(zip((a.name for a in expected), values))
+        given = dict(zip(self._inputs, values))
         for name, value in given.items():
             if value.device != values[0].device:
-                raise ValueError(f"{name} is on {value.device}, {expected[0].name} on {values[0].device}")
+                raise ValueError(f"{name} is on {value.device}, {self._inputs[0]} on {values[0].device}")
         tensors, outputs = [], {}
         for arg in self.program.args:
             if arg.role == "input":
