@@ -3,16 +3,23 @@ halstm (each applicable recipe) against cuDNN (torch.nn.LSTM/GRU) and, for the c
 loop and torch.compile(mode="reduce-overhead") of the same cell. Writes results.md, results.json and
 results.png into the folder given (default $OUT).
 
-    python benchmarks/gpu.py [--shapes 0,1,2] [--out DIR] [--no-compile]
+    python benchmarks/gpu.py [--shapes 0,1,2] [--out DIR] [--no-compile] [--no-check]
+
+Every halstm function is first compiled in parallel worker processes (the GPU machine's cores; one at a
+time, compiling took most of a call) and exported; the timed run loads them (``halstm.load``) and
+reports each one's own compile time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
+import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import torch
@@ -28,6 +35,46 @@ CELLS = {"LSTM": halstm.LSTM, "GRU": halstm.GRU, "PeepholeLSTM": halstm.Peephole
          "ResetBeforeGRU": halstm.ResetBeforeGRU}
 TOL = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
 RECIPES = [r.name for r in schedules.BUILTIN if r.name.startswith("cuda")]
+CHECK_SHAPE = (3, 2, 20, 24)  # T, B, I, H
+
+
+def applicable(name, T, B, I, H, dtype, recipe, target) -> bool:
+    r = next(r for r in schedules.BUILTIN if r.name == recipe)
+    if recipe == "cuda-persistent" and B > PREFERRED_MAX_BATCH:
+        return False  # measured 2-5x slower than the step loop from B=64 on (docs/gpu-results.md)
+    return r.is_applicable(halstm.lower(CELLS[name](I, H), T, B, dtype), target)
+
+
+def build(job, target, folder):
+    """Compile and export one function (in a worker process): (job, seconds or None, error or None)."""
+    path = os.path.join(folder, "-".join(map(str, job)) + ".so")
+    name, T, B, I, H, dtype, recipe = job
+    start = time.time()
+    try:
+        halstm.export(halstm.compile(CELLS[name](I, H), T, B, dtype, target=target, recipe=recipe), path)
+        return job, round(time.time() - start, 1), None
+    except Exception as e:  # recorded, the run goes on
+        return job, None, str(e).strip().splitlines()[-1][:200]
+
+
+class Built:
+    """Every function of the run compiled in parallel, then loaded on demand."""
+
+    def __init__(self, jobs, target, workers):
+        self.folder = tempfile.mkdtemp(prefix="halstm-gpu-")
+        ctx = multiprocessing.get_context("spawn")  # the parent holds a CUDA context
+        start = time.time()
+        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            done = list(pool.map(build, jobs, [target] * len(jobs), [self.folder] * len(jobs)))
+        self.results = {job: (seconds, error) for job, seconds, error in done}
+        print(f"compiled {len(jobs)} functions in {time.time() - start:.0f} s on {workers} processes", flush=True)
+
+    def load(self, job):
+        """(function, compile seconds); raises with the compile error if it failed."""
+        seconds, error = self.results[job]
+        if error:
+            raise RuntimeError(error)
+        return halstm.load(os.path.join(self.folder, "-".join(map(str, job)) + ".so")), seconds
 
 
 def inputs(cell, T, B, dtype, seed):
@@ -45,25 +92,28 @@ def rel(got, want):
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
-def check(target, out):
+def check_jobs():
+    return [(name, *CHECK_SHAPE, dtype, recipe) for name in CELLS for dtype in TOL for recipe in RECIPES]
+
+
+def check(built):
     rows = []
-    for name, cls in CELLS.items():
-        for dtype in TOL:
-            for recipe in RECIPES:
-                cell = cls(20, 24)
-                x, p, s = inputs(cell, 3, 2, dtype, seed=int(time.time()))
-                try:
-                    f = halstm.compile(cell, 3, 2, dtype, target=target, recipe=recipe)
-                    y, fin = f(x, p, s)
-                    torch.cuda.synchronize()
-                    f64 = lambda d: {k: v.double().cpu().numpy() for k, v in d.items()}
-                    wy, ws = halstm.reference(cell, x.double().cpu().numpy(), f64(p), f64(s))
-                    err = max([rel(y.double().cpu().numpy(), wy)] + [rel(fin[k].double().cpu().numpy(), ws[k]) for k in ws])
-                    ok = err < TOL[dtype]
-                except Exception as e:  # recorded, the run goes on
-                    err, ok = str(e).splitlines()[-1][:120], False
-                rows.append((name, dtype, recipe, err, ok))
-                print("check", name, dtype, recipe, err, "PASS" if ok else "FAIL", flush=True)
+    for job in check_jobs():
+        name, T, B, I, H, dtype, recipe = job
+        cell = CELLS[name](I, H)
+        x, p, s = inputs(cell, T, B, dtype, seed=int(time.time()))
+        try:
+            f, _ = built.load(job)
+            y, fin = f(x, p, s)
+            torch.cuda.synchronize()
+            f64 = lambda d: {k: v.double().cpu().numpy() for k, v in d.items()}
+            wy, ws = halstm.reference(cell, x.double().cpu().numpy(), f64(p), f64(s))
+            err = max([rel(y.double().cpu().numpy(), wy)] + [rel(fin[k].double().cpu().numpy(), ws[k]) for k in ws])
+            ok = err < TOL[dtype]
+        except Exception as e:  # recorded, the run goes on
+            err, ok = str(e).splitlines()[-1][:120], False
+        rows.append((name, dtype, recipe, err, ok))
+        print("check", name, dtype, recipe, err, "PASS" if ok else "FAIL", flush=True)
     return rows
 
 
@@ -99,7 +149,13 @@ def torch_cell(name, p):
     return {"PeepholeLSTM": peephole, "ResetBeforeGRU": reset_before}[name]
 
 
-def bench(target, shapes, use_compile, out):
+def bench_jobs(shapes, target):
+    return [(name, T, B, H, H, dtype, recipe) for T, B, H in shapes for name in CELLS
+            for dtype in ("float32", "float16") for recipe in RECIPES
+            if applicable(name, T, B, H, H, dtype, recipe, target)]
+
+
+def bench(built, shapes, use_compile, out):
     rows = []
     for T, B, H in shapes:
         for name, cls in CELLS.items():
@@ -108,18 +164,14 @@ def bench(target, shapes, use_compile, out):
                 x, p, s = inputs(cell, T, B, dtype, seed=0)
                 row = {"T": T, "B": B, "H": H, "cell": name, "dtype": dtype}
                 for recipe in RECIPES:
-                    r = next(r for r in schedules.BUILTIN if r.name == recipe)
-                    prog = halstm.lower(cell, T, B, dtype)
-                    if not r.is_applicable(prog, target) or (recipe == "cuda-persistent" and B > PREFERRED_MAX_BATCH):
-                        row[recipe] = None  # measured slower from B=64 on (docs/gpu-results.md); not rerun
+                    job = (name, T, B, H, H, dtype, recipe)
+                    row[recipe] = None
+                    if job not in built.results:
                         continue
                     try:
-                        t0 = time.time()
-                        f = halstm.compile(cell, T, B, dtype, target=target, recipe=recipe)
-                        row[f"{recipe} compile s"] = round(time.time() - t0, 1)
+                        f, row[f"{recipe} compile s"] = built.load(job)
                         row[recipe] = timed(lambda: f(x, p, s))
                     except Exception as e:
-                        row[recipe] = None
                         row[f"{recipe} error"] = str(e).splitlines()[-1][:200]
                 if name in ("LSTM", "GRU"):
                     mod = getattr(torch.nn, name)(H, H).cuda().to(getattr(torch, dtype))
@@ -213,12 +265,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(map(str, range(len(SHAPES)))))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (20-30 s a cell)")
+    ap.add_argument("--no-check", action="store_true", help="skip the correctness checks at T=3, B=2")
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
+                    help="processes compiling halstm functions")
     args = ap.parse_args()
     target = CudaTarget.detect()
     print(target, flush=True)
-    checks = check(target, args.out)
-    rows = bench(target, [SHAPES[int(i)] for i in args.shapes.split(",")], not args.no_compile, args.out)
+    shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else []
+    jobs = ([] if args.no_check else check_jobs()) + bench_jobs(shapes, target)
+    built = Built(jobs, target, args.workers)
+    checks = [] if args.no_check else check(built)
+    rows = bench(built, shapes, not args.no_compile, args.out)
     text = "## Correctness (T=3, B=2, I=20, H=24, relative norm error vs float64)\n\n| cell | dtype | recipe | error | ok |\n|---|---|---|---|---|\n"
     text += "\n".join(f"| {a} | {b} | {c} | {d if isinstance(d, str) else f'{d:.1e}'} | {e} |" for a, b, c, d, e in checks)
     text += "\n\n## Timing (median of 10 after warm-up, CUDA events; eager: median of 3)\n\n" + table(rows, target.name)
