@@ -1,10 +1,12 @@
 """The tuner against the default schedule and against torch, with tuning time.
 
     python benchmarks/tuning.py --out DIR [--target cuda] [--shapes 100,1,256 100,64,1024] [--trials 12]
+                                [--dtypes float32 float16]
 
-Per shape (LSTM, fp32, I=H): the default compile (no database), a tuning run (its records in
-DIR/tuning.jsonl), the tuned compile, and torch.nn.LSTM (cuDNN on a GPU), each timed as the median
-of 20 calls after warm-up on the same inputs. Writes DIR/tune-results.md.
+Per shape and dtype (LSTM, I=H): the default compile (no database), a tuning run (its records in
+DIR/tuning.jsonl), the tuned compile, and torch.nn.LSTM (cuDNN on a GPU; in fp32 also with TF32
+off), each timed as the median of 20 calls after warm-up on the same inputs. Writes
+DIR/tune-results.md.
 """
 
 from __future__ import annotations
@@ -34,41 +36,55 @@ def median_ms(run, sync, repeat=20):
     return 1e3 * statistics.median(times)
 
 
+def measure_shape(T, B, H, dtype, target, device, sync, db, trials) -> str:
+    cell = halstm.LSTM(H, H)
+    dt = getattr(torch, dtype)
+    x = torch.randn(T, B, H, device=device).to(dt)
+    params = {k: torch.from_numpy(v).to(device, dt) for k, v in cell.init_parameters(seed=0).items()}
+    default = halstm.compile(cell, T, B, dtype, target=target, database=False)
+    default_ms = median_ms(default.prepare(x, params), sync)
+    start = time.perf_counter()
+    halstm.tune(cell, T, B, dtype, target, database=db, trials=trials)
+    tuning_s = time.perf_counter() - start
+    tuned = halstm.compile(cell, T, B, dtype, target=target, database=db)
+    tuned_ms = median_ms(tuned.prepare(x, params), sync)
+    lstm = torch.nn.LSTM(H, H).to(device, dt)
+    with torch.no_grad():
+        torch_ms = median_ms(lambda: lstm(x), sync)
+        strict_ms = None
+        if device == "cuda" and dtype == "float32":
+            torch.backends.cudnn.allow_tf32 = False
+            strict_ms = median_ms(lambda: lstm(x), sync)
+            torch.backends.cudnn.allow_tf32 = True
+    strict = "-" if strict_ms is None else f"{strict_ms:.3f}"
+    return (f"| {T} | {B} | {H} | {dtype} | {default_ms:.3f} ({default.recipe.name}) | {tuned_ms:.3f} "
+            f"({tuned.recipe.name} {tuned.knobs}) | {tuning_s:.0f} | {torch_ms:.3f} | {strict} | "
+            f"{tuned_ms / default_ms:.2f} | {torch_ms / tuned_ms:.2f} |")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shapes", nargs="+", default=["100,1,256", "100,64,1024"])
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtypes", nargs="+", default=["float32"])
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     target = resolve(args.target)
     device = "cuda" if args.target == "cuda" else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     db = Database(args.out / "tuning.jsonl")
-    rows = [f"Measured {time.strftime('%Y-%m-%d')} on {target.key}; LSTM fp32, medians of 20 calls after warm-up.", "",
-            "| T | B | I=H | default ms (recipe) | tuned ms (recipe, knobs) | tuning s | torch ms | tuned / default | torch / tuned |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = [f"Measured {time.strftime('%Y-%m-%d')} on {target.key}; LSTM, medians of 20 calls after warm-up.", "",
+            "| T | B | I=H | dtype | default ms (recipe) | tuned ms (recipe, knobs) | tuning s | torch ms | torch no-TF32 ms "
+            "| tuned / default | torch / tuned |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for shape in args.shapes:
         T, B, H = (int(v) for v in shape.split(","))
-        cell = halstm.LSTM(H, H)
-        x = torch.randn(T, B, H, device=device)
-        params = {k: torch.from_numpy(v).to(device) for k, v in cell.init_parameters(seed=0).items()}
-        default = halstm.compile(cell, T, B, target=target, database=False)
-        default_ms = median_ms(default.prepare(x, params), sync)
-        start = time.perf_counter()
-        halstm.tune(cell, T, B, "float32", target, database=db, trials=args.trials)
-        tuning_s = time.perf_counter() - start
-        tuned = halstm.compile(cell, T, B, target=target, database=db)
-        tuned_ms = median_ms(tuned.prepare(x, params), sync)
-        lstm = torch.nn.LSTM(H, H).to(device)
-        with torch.no_grad():
-            torch_ms = median_ms(lambda: lstm(x), sync)
-        rows.append(f"| {T} | {B} | {H} | {default_ms:.3f} ({default.recipe.name}) | {tuned_ms:.3f} "
-                    f"({tuned.recipe.name} {tuned.knobs}) | {tuning_s:.0f} | {torch_ms:.3f} | "
-                    f"{tuned_ms / default_ms:.2f} | {torch_ms / tuned_ms:.2f} |")
-        print(rows[-1], flush=True)
-    (args.out / "tune-results.md").write_text("\n".join(rows) + "\n")
+        for dtype in args.dtypes:
+            rows.append(measure_shape(T, B, H, dtype, target, device, sync, db, args.trials))
+            print(rows[-1], flush=True)
+            (args.out / "tune-results.md").write_text("\n".join(rows) + "\n")  # kept if a later shape hangs
 
 
 if __name__ == "__main__":
