@@ -171,6 +171,7 @@ def bench(built, shapes, use_compile, out):
                     try:
                         f, row[f"{recipe} compile s"] = built.load(job)
                         row[recipe] = timed(lambda: f(x, p, s))
+                        row[f"{recipe} prepared"] = timed(f.prepare(x, p, s))  # without argument checks
                     except Exception as e:
                         row[f"{recipe} error"] = str(e).splitlines()[-1][:200]
                 if name in ("LSTM", "GRU"):
