@@ -1,13 +1,33 @@
 """CUDA persistent-kernel recipe: one cooperative launch runs all T steps.
 
 Block ``bx`` owns hidden units [bx * U, bx * U + U) (U divides H, H / U blocks <= SMs, one block per
-SM, so the grid is co-resident). It copies the columns of the packed recurrent weights that feed its
-units (every gate of each unit) into shared memory once, then per step and stage:
+SM, so the grid is co-resident). Before the time loop it copies the C = gates * U columns of the packed
+recurrent weights that feed its units into shared memory, k contiguous per column, in their storage
+dtype. Then per step and stage:
 
-    gemm (its columns only)       threads over (row, column) x split-K parts, partials in shared
+    stage the operand     the B x K rows the step GEMM reads (h, written by every block before the
+                          grid sync) into shared memory, all threads, VECTOR elements at a time
     __syncthreads
-    fused elementwise (its units) the expression of the cell's own block, printed from the step program
-    grid sync                     before the next stage's GEMM and at the end of the step
+    register-tiled GEMM   thread (tile, part): a tm x tn tile of (row, column) outputs, fp32
+                          accumulators in registers, over the K chunks part, part + S, ... of VECTOR
+                          k each (S split-K parts, fastest in the thread index: a warp's loads are
+                          consecutive chunks, conflict-free); each thread's tile to shared memory
+    __syncthreads
+    split-K sum           one thread per output adds the S partial tiles (when S > 1); __syncthreads
+    fused elementwise     the expression of the cell's own block, printed from the step program, its
+                          GEMM columns read from shared memory
+    grid sync             before the next stage's GEMM and at the end of the step
+
+Why (H100, T=100, before this layout): each thread computed one output walking all of K serially with
+a global load of h per multiply-add; at B=16, H=512 (U=4, 256 threads) that is 512 dependent FMAs each
+waiting on a load, 17-24 us a step (cuDNN fp32 20.5, fp16 2.8). Now a block's step GEMM (16 x 16 x 512
+there) is 512 FMAs a thread from registers, 8 shared loads of VECTOR per 64 FMAs: about 1k cycles of
+FMA issue, the same of shared-memory wavefronts, plus one L2 round trip for the operand and the grid
+sync; expected 3-5 us a step (not yet measured).
+
+Shared stores are never inside a condition (the shared-memory sync planner cannot handle that): loops
+over a buffer clamp the index (the spare threads repeat the last element), and threads without a tile
+store zero accumulators to rows of the partial buffer that nobody reads.
 
 The step's math is not written here: the step program of ``halstm.lowering`` is scheduled only to inline
 its elementwise math (``inline_elementwise``), and each block's expression is re-indexed onto the
@@ -19,37 +39,71 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 import tvm
 from tvm.s_tir import Schedule
 
-from halstm.lowering import ACCUMULATE, indent, skeleton
+from halstm.lowering import indent, skeleton
 
 from .cuda import BYTES, CudaStepLoop, bind_flat, gemm_tiled, hoisted_tile
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 
 # Largest batch at which ``recipes_for`` puts this recipe first. H100, 2026-11-22 (docs/gpu-results.md,
-# tiled step loop): faster than the step loop at B=1 (3.3-4.5x), B=8 (1.5-3.5x) and B=16 (1.3-2.8x);
-# slower at B=64, H=1024 (1.0-2.1x) and B=256 (2.6-4.6x): one thread walks all of K per output.
-# A size rule only: the third run found it slower at (T, B, H) = (1024, 16, 768) too (50 against 30 us
-# a step, six hidden units a block); the tuner measures both.
+# one output a thread, before the register tiles): faster than the step loop at B=1 (3.3-4.5x), B=8
+# (1.5-3.5x) and B=16 (1.3-2.8x); slower at B=64, H=1024 (1.0-2.1x) and B=256 (2.6-4.6x), and at
+# (T, B, H) = (1024, 16, 768) (50 against 30 us a step). A size rule only; the tuner measures both.
 PREFERRED_MAX_BATCH = 16
+
+VECTOR = 4  # k a thread moves at once: operand staging, and shared memory to registers in the GEMM
+MAX_TILE_REGISTERS = 64  # accumulators + operand registers a thread may hold (spills beyond)
 
 
 class CudaPersistent(Recipe):
+    """Knobs: ``threads`` a block; ``units`` hidden units a block (the grid is H / units: fewer blocks,
+    a cheaper grid sync, more work each); the register tile ``tile_rows`` x ``tile_cols`` (rows of
+    the batch x columns of the block's gates); ``max_split`` caps the split-K parts (each output then
+    sums that many partials serially)."""
+
     name = "cuda-persistent"
-    knobs = {"threads": (256, 512, 128)}
+    knobs = {
+        "threads": (256, 512, 128),
+        "units": (1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
+        "tile_rows": (4, 2, 1, 8),
+        "tile_cols": (4, 2, 8, 1),
+        "max_split": (32, 8, 128),
+    }
     build_options = {"cooperative": True}
 
-    def is_applicable(self, program, target) -> bool:
-        if target.kind != "cuda":
+    def defaults(self, program, target) -> dict:
+        """The fewest units that keep the grid within the SMs (the largest grid); the largest row tile
+        within the batch; the largest column tile that divides the block's columns."""
+        H, B = program.cell.hidden_size, program.batch
+        k = super().defaults(program, target)
+        k["units"] = next(u for u in range(1, H + 1) if H % u == 0 and H // u <= target.sms)
+        k["tile_rows"] = max(t for t in (4, 2, 1) if t <= B)
+        columns = _widest(program) // H * k["units"]
+        k["tile_cols"] = max(t for t in (4, 2, 1) if columns % t == 0)
+        return k
+
+    def valid(self, program, target, knobs) -> bool:
+        """Co-resident (a grid of at most the SMs), whole units, a tile that runs as chosen (no
+        more rows than the batch, columns dividing the block's), registers and shared memory."""
+        H, B, U = program.cell.hidden_size, program.batch, knobs["units"]
+        if H % U or H // U > target.sms or knobs["threads"] > target.max_threads:
             return False
-        kernel = _Kernel.plan(program, target, self.defaults(program, target)["threads"])
+        tm, tn = knobs["tile_rows"], knobs["tile_cols"]
+        if tm > B or (_widest(program) // H * U) % tn or tm * tn + (tm + tn) * VECTOR > MAX_TILE_REGISTERS:
+            return False
+        kernel = _Kernel.plan(program, target, knobs)
         return kernel is not None and kernel.shared_bytes() <= target.shared_memory
+
+    def is_applicable(self, program, target) -> bool:
+        return target.kind == "cuda" and self.valid(program, target, self.defaults(program, target))
 
     def apply(self, program, target, **knobs) -> Schedule | None:
         k = self.resolve(program, target, knobs)
-        kernel = _Kernel.plan(program, target, k["threads"])
+        kernel = _Kernel.plan(program, target, k)
         if kernel is None or kernel.shared_bytes() > target.shared_memory:
             return None
         sch = Schedule(tvm.IRModule({"main": kernel.func()}))
@@ -63,21 +117,74 @@ class CudaPersistent(Recipe):
         return sch
 
 
-class _Kernel:
-    """The planned persistent kernel: units per block, the step's blocks in order, as text."""
+def _widest(program) -> int:
+    return max((g.rows for stage in program.plan.stages for g in stage), default=program.cell.hidden_size)
 
-    def __init__(self, program, target, threads, units, blocks):
-        self.p, self.target, self.threads, self.units = program, target, threads, units
-        self.blocks = blocks
+
+@dataclass
+class _Gemm:
+    """One step GEMM as a block computes it: B x C outputs (its units' columns of every gate) over K."""
+
+    index: int  # w_packed{index}, buffers *{index}
+    name: str
+    operand: str  # printed expression of (row, k): what is staged, in its own dtype
+    operand_dtype: str
+    B: int
+    C: int
+    K: int
+    tm: int
+    tn: int
+    split: int  # S
+    threads: int
+
+    @property
+    def row_tiles(self) -> int:
+        return -(-self.B // self.tm)
+
+    @property
+    def tiles(self) -> int:
+        return self.row_tiles * (self.C // self.tn)
+
+    @property
+    def chunks(self) -> int:
+        """VECTOR-wide k chunks each part walks."""
+        return -(-self.K // (self.split * VECTOR))
+
+    @property
+    def stride(self) -> int:
+        """Row stride of the staged operand and the weight columns: K padded to whole chunks of every
+        part (zeros past K), plus one VECTOR so that rows start in different banks."""
+        return self.chunks * self.split * VECTOR + VECTOR
+
+    @property
+    def partial_stride(self) -> int:
+        """Elements per part in the partial buffer: rows for every thread's tile, including threads
+        without one (they store zeros past the batch), padded to 1 mod 32 banks."""
+        thread_tiles = -(-self.threads // self.split)
+        rows = -(-thread_tiles // (self.C // self.tn)) * self.tm
+        return rows * self.C + (1 - rows * self.C) % 32
+
+    @property
+    def gates(self) -> str:
+        """The buffer the elementwise math reads the GEMM's result from, indexed row * C + column."""
+        return f"g_s{self.index}" if self.split > 1 else f"part{self.index}"
+
+
+class _Kernel:
+    """The planned persistent kernel: its knobs, the step's blocks in order, as text."""
+
+    def __init__(self, program, target, knobs, blocks, staged):
+        self.p, self.target, self.blocks, self.staged = program, target, blocks, staged
+        self.threads, self.units = knobs["threads"], knobs["units"]
         self.H = program.cell.hidden_size
-        self.grid = self.H // units
+        self.grid = self.H // self.units
 
     @classmethod
-    def plan(cls, program, target, threads):
+    def plan(cls, program, target, knobs):
         """None when the step has math a block cannot do on its own units (a cell's own reduction,
-        a GEMM whose columns are not whole gates, a block not over (B, H))."""
-        H, B = program.cell.hidden_size, program.batch
-        units = next(u for u in range(1, H + 1) if H % u == 0 and H // u <= target.sms)
+        a GEMM whose columns are not whole gates, a block not over (B, H), a GEMM result read other
+        than at the block's own row and unit)."""
+        H, B, NT, U = program.cell.hidden_size, program.batch, knobs["threads"], knobs["units"]
         sch = Schedule(program.mod)
         inline_elementwise(sch, sch.get_sblock("step"))
         names = {g.name: g for g in program.plan.gemms}
@@ -88,154 +195,236 @@ class _Kernel:
             extents = [int(iv.dom.extent) for iv in block.iter_vars]
             store = block.body
             if block.name_hint in names:
-                if names[block.name_hint].rows % H:
+                gemm = names[block.name_hint]
+                product = store.value.b  # lowering's _gemm: acc + operand * weight
+                if gemm.rows % H or f"w_packed{program.plan.gemms.index(gemm)}[" not in str(product.b):
                     return None
-                blocks.append(("gemm", names[block.name_hint], ivs, str(store.value)))
+                blocks.append(cls._gemm(program, knobs, gemm, ivs, product.a))
             elif is_reduction(sch, b) or extents != [B, H]:
                 return None
             else:
                 blocks.append(("elementwise", store.buffer.name, ivs, str(store.value)))
-        kernel = cls(program, target, threads, units, blocks)
-        gemm_names = "|".join(names)
-        for kind, _, ivs, value in blocks:
-            if kind == "elementwise":  # every GEMM column read must be a gate column of the own unit
-                for col in re.findall(rf"\b(?:{gemm_names})\[[^\[\],]+, ([^\[\]]+)\]", value):
-                    m = re.fullmatch(rf"{ivs[1]}(?: \+ (\d+))?", col)
-                    if not m or int(m.group(1) or 0) % H:
-                        return None
+        gemms = [g for g in blocks if isinstance(g, _Gemm)]
+        if not gemms:  # nothing to keep on chip: the step loop runs it
+            return None
+        elementwise = []
+        for kind, name, ivs, value in (b for b in blocks if not isinstance(b, _Gemm)):
+            for g in gemms:
+                value = re.sub(rf"\b{g.name}\[{ivs[0]}, {ivs[1]}(?: \+ (\d+))?\]",
+                               lambda m: _gate(g, int(m.group(1) or 0), ivs[0], H, U), value)
+            if any(re.search(rf"\b{g.name}\[", value) for g in gemms):
+                return None
+            elementwise.append((kind, name, ivs, value))
+        blocks = [b if isinstance(b, _Gemm) else elementwise.pop(0) for b in blocks]
+        kernel = cls(program, target, knobs, blocks, staged=True)
+        if kernel.shared_bytes() > target.shared_memory:  # the operands do not fit beside the weights
+            kernel.staged = False
         return kernel
 
+    @staticmethod
+    def _gemm(program, knobs, gemm, ivs, operand) -> _Gemm:
+        """The GEMM's sizes for these knobs: the tile shrunk to the batch and to a divisor of the
+        block's columns, and the most split-K parts (powers of two, at most ``max_split``) whose
+        tiles all threads can hold, leaving each part at least one chunk of K."""
+        H, B, NT = program.cell.hidden_size, program.batch, knobs["threads"]
+        C, K = gemm.rows // H * knobs["units"], gemm.depth
+        tm = min(knobs["tile_rows"], B)
+        tn = max(t for t in range(1, knobs["tile_cols"] + 1) if C % t == 0)
+        tiles = -(-B // tm) * (C // tn)
+        S = 1
+        while 2 * S <= knobs["max_split"] and 2 * S * tiles <= NT and 2 * S * VECTOR <= K:
+            S *= 2
+        # stage what the GEMM reads in its storage dtype: a state's fp16/bf16 copy, not its float32 view
+        if type(operand).__name__ == "Cast" and type(operand.value).__name__ in ("BufferLoad", "TensorLoad"):
+            operand = operand.value
+        text = str(operand)
+        seq = {f"{s}_t": f"{s}_seq" for s in program.cell.states}
+        text = re.sub(r"\b(\w+)\[", lambda m: f"{seq.get(m.group(1), m.group(1))}[", text)
+        rows = {ivs[0]: "p_row", ivs[2]: "p_k"}
+        if any(f"{s}_seq[" in text for s in program.cell.states):  # a state's view: rows of its sequence
+            rows[ivs[0]] = f"t * {B} + p_row"
+        text = substitute(text, rows)
+        return _Gemm(program.plan.gemms.index(gemm), gemm.name, text, str(operand.ty), B, C, K, tm, tn, S, NT)
+
     # --- sizes -------------------------------------------------------------------------------
-    def columns(self, gemm) -> int:
-        return gemm.rows // self.H * self.units
-
-    def split_k(self, gemm) -> int:
-        """Split-K parts so that all threads work: the largest power of two <= threads / items
-        dividing K (B=1, H=256: 8 items per block, 32 parts of 8)."""
-        items = self.p.batch * self.columns(gemm)
-        s = 1
-        while 2 * s * items <= self.threads and gemm.depth % (2 * s) == 0:
-            s *= 2
-        return s
-
     def shared_bytes(self) -> int:
         total = 0
-        for kind, gemm, *_ in self.blocks:
-            if kind == "gemm":
-                rounds = math.ceil(gemm.depth * self.columns(gemm) / self.threads)
-                total += rounds * self.threads * BYTES[self.p.dtype]
-                if self.split_k(gemm) > 1:
-                    total += self.threads * 4
+        for g in (b for b in self.blocks if isinstance(b, _Gemm)):
+            total += g.C * g.stride * BYTES[self.p.dtype]  # weights
+            total += g.split * g.partial_stride * 4
+            if g.split > 1:
+                total += g.B * g.C * 4
+            if self.staged:
+                total += g.row_tiles * g.tm * g.stride * BYTES[g.operand_dtype]
         return total
 
     # --- text --------------------------------------------------------------------------------
-    def global_column(self, gemm, c) -> str:
+    def global_column(self, g: _Gemm, c: str) -> str:
         """Column of the GEMM result for local column c of this block."""
         return f"({c}) // {self.units} * {self.H} + p_bx * {self.units} + ({c}) % {self.units}"
 
-    def gemm_text(self, i, gemm, ivs, value) -> list[str]:
-        B, NT = self.p.batch, self.threads
-        C, S = self.columns(gemm), self.split_k(gemm)
-        items, ks = B * C, gemm.depth // S
-        product = value.split(" + ", 1)[1]
-        work = f"(p_r * {NT} + p_tx)"
-        item, part = f"{work} % {items}", f"{work} // {items}"
-        row, col = f"({item}) // {C}", f"({item}) % {C}"
-        k = f"({part}) * {ks} + p_k"
-        weight = self.p.plan.gemms.index(gemm)
-        product = re.sub(rf"\bw_packed{weight}\[{ivs[2]}, {ivs[1]}\]", f"w_s{weight}[{ivs[2]} * {C} + {col}]", product)
-        product = substitute(product, {ivs[0]: row, ivs[1]: self.global_column(gemm, col), ivs[2]: k})
-        if S == 1:
-            lines = [
-                f"for p_r in range({math.ceil(items / NT)}):",
-                f"    if {work} < {items}:",
-                "        acc[0] = T.float32(0)",
-                f"        for p_k in range({ks}):",
-                f"            acc[0] = acc[0] + {product}",
-                f"        {gemm.name}[{row}, {self.global_column(gemm, col)}] = acc[0]",
-                "T.tvm_storage_sync(\"shared\")",
-            ]
-        else:  # items * S <= threads: one pass, the spare threads redo part S - 1 (stores need no guard)
-            product = product.replace(f"({part})", f"T.min({part}, {S - 1})")
-            lines = [
-                "acc[0] = T.float32(0)",
-                f"for p_k in range({ks}):",
-                f"    acc[0] = acc[0] + {product.replace('p_r', '0')}",
-                f"part{weight}[p_tx] = acc[0]",
-                "T.tvm_storage_sync(\"shared\")",
-            ]
-            w = "(p_r * {} + p_tx)".format(NT)
-            lines += [
-                f"for p_r in range({math.ceil(items / NT)}):",
-                f"    if {w} < {items}:",
-                "        acc[0] = T.float32(0)",
-                f"        for p_s in range({S}):",
-                f"            acc[0] = acc[0] + part{weight}[p_s * {items} + {w}]",
-                f"        {gemm.name}[({w}) // {C}, {self.global_column(gemm, f'({w}) % {C}')}] = acc[0]",
-                "T.tvm_storage_sync(\"shared\")",
-            ]
+    def flat(self, count: int, body) -> list[str]:
+        """A loop of all threads over ``count`` items, the index clamped (no condition around stores)."""
+        q = f"T.min(p_r * {self.threads} + p_tx, {count - 1})"
+        return [f"for p_r in range({-(-count // self.threads)}):", *indent(body(q), 4).splitlines()]
+
+    def load_weights(self, g: _Gemm) -> list[str]:
+        """Columns k-contiguous: w_s[c * stride + k], zeros past K; read column-fastest (coalesced)."""
+        dtype, total = self.p.dtype, g.C * g.stride
+        i = g.index
+
+        def body(q):
+            k, c = f"{q} // {g.C}", f"{q} % {g.C}"
+            return [f"w_s{i}[({c}) * {g.stride} + {k}] = T.if_then_else({k} < {g.K}, "
+                    f"w_packed{i}[T.min({k}, {g.K - 1}), {self.global_column(g, c)}], T.Cast(\"{dtype}\", T.float32(0)))"]
+
+        return self.flat(total, body)
+
+    def zero_operand(self, g: _Gemm) -> list[str]:
+        """Padding columns past K (and rows past the batch) stay zero for all steps."""
+        size = g.row_tiles * g.tm * g.stride
+        return self.flat(size, lambda q: [f'a_s{g.index}[{q}] = T.Cast("{g.operand_dtype}", T.float32(0))'])
+
+    def stage_operand(self, g: _Gemm) -> list[str]:
+        """The step's B x K operand into a_s[row * stride + k], VECTOR at a time where rows allow."""
+        v = VECTOR if g.K % VECTOR == 0 and self.H % VECTOR == 0 else 1
+        per_row = g.K // v
+
+        def body(q):
+            lines = [f"for p_v in T.vectorized({v}):"] if v > 1 else []
+            k = f"({q}) % {per_row} * {v}" + (" + p_v" if v > 1 else "")
+            value = substitute(g.operand, {"p_row": f"{q} // {per_row}", "p_k": k})
+            store = f"a_s{g.index}[({q}) // {per_row} * {g.stride} + {k}] = {value}"
+            return lines + [("    " if v > 1 else "") + store]
+
+        return self.flat(g.B * per_row, body) + ['T.tvm_storage_sync("shared")']
+
+    def gemm_text(self, g: _Gemm) -> list[str]:
+        S, tm, tn, V, i = g.split, g.tm, g.tn, VECTOR, g.index
+        part, tile = f"p_tx % {S}", f"p_tx // {S}"
+        row, col = f"{tile} // {g.C // tn} * {tm} + p_i", f"{tile} % {g.C // tn} * {tn} + p_j"
+        k = f"(p_c * {S} + {part}) * {V} + p_v"
+        if self.staged:
+            a = f"a_s{i}[({row}) * {g.stride} + {k}]"
+        else:  # read from global memory, clamped: past the batch or K the weights or results are unused
+            a = substitute(g.operand, {"p_row": f"T.min({row}, {g.B - 1})", "p_k": f"T.min({k}, {g.K - 1})"})
+        vec = "T.vectorized" if self.staged else "T.unroll"
+        compute = [
+            f"for p_c in range({g.chunks}):",
+            f"    for p_i in T.unroll({tm}):",
+            f"        for p_v in {vec}({V}):",
+            f'            a_r[p_i * {V} + p_v] = T.Cast("float32", {a})',
+            f"    for p_j in T.unroll({tn}):",
+            f"        for p_v in T.vectorized({V}):",
+            f'            w_r[p_j * {V} + p_v] = T.Cast("float32", w_s{i}[({col}) * {g.stride} + {k}])',
+            f"    for p_v in T.unroll({V}):",
+            f"        for p_i in T.unroll({tm}):",
+            f"            for p_j in T.unroll({tn}):",
+            f"                acc[p_i * {tn} + p_j] = acc[p_i * {tn} + p_j] + a_r[p_i * {V} + p_v] * w_r[p_j * {V} + p_v]",
+        ]
+        if g.tiles * S < self.threads:  # the threads past the tiles only load and sync
+            compute = [f"if p_tx < {g.tiles * S}:", *indent(compute, 4).splitlines()]
+        lines = [f"for p_i in T.unroll({tm * tn}):", "    acc[p_i] = T.float32(0)", *compute]
+        lines += [
+            f"for p_i in T.unroll({tm}):",
+            f"    for p_j in T.unroll({tn}):",
+            f"        part{i}[{part} * {g.partial_stride} + ({row}) * {g.C} + {col}] = acc[p_i * {tn} + p_j]",
+            'T.tvm_storage_sync("shared")',
+        ]
+        if S > 1:  # split-K sum, four independent chains per output
+            chains = min(4, S)
+
+            def body(q):
+                return [
+                    f"for p_i in T.unroll({chains}):",
+                    "    acc[p_i] = T.float32(0)",
+                    f"for p_s in range({S // chains}):",
+                    f"    for p_i in T.unroll({chains}):",
+                    f"        acc[p_i] = acc[p_i] + part{i}[(p_s * {chains} + p_i) * {g.partial_stride} + {q}]",
+                    f"g_s{i}[{q}] = " + " + ".join(f"acc[{c}]" for c in range(chains)),
+                ]
+
+            lines += self.flat(g.B * g.C, body) + ['T.tvm_storage_sync("shared")']
         return lines
 
-    def elementwise_text(self, name, ivs, value) -> list[str]:
+    def elementwise_text(self, run) -> list[str]:
+        """Consecutive elementwise blocks in one loop over the block's (row, unit) items: the gate
+        math they share is written once per thread and the compiler computes it once."""
         B, U, NT = self.p.batch, self.units, self.threads
         work = f"(p_r * {NT} + p_tx)"
-        row, unit = f"({work}) // {U}", f"p_bx * {U} + ({work}) % {U}"
-        value = substitute(value, {ivs[0]: row, ivs[1]: unit})
-        return [
-            f"for p_r in range({math.ceil(B * U / NT)}):",
-            f"    if {work} < {B * U}:",
-            f"        {name}[{row}, {unit}] = {value}",
-        ]
+        row, ul = f"{work} // {U}", f"{work} % {U}"
+        stores = [f"{name}[{row}, p_bx * {U} + {ul}] = "
+                  + substitute(value, {ivs[0]: row, ivs[1]: f"p_bx * {U} + {ul}", "p_ul": ul})
+                  for _, name, ivs, value in run]
+        return [f"for p_r in range({-(-B * U // NT)}):", f"    if {work} < {B * U}:",
+                *indent(stores, 8).splitlines()]
+
+    def buffers(self) -> list[tuple[str, int, str, str]]:
+        """(name, elements, dtype, scope) of the block's shared buffers and registers."""
+        gemms = [b for b in self.blocks if isinstance(b, _Gemm)]
+        out = []
+        for g in gemms:
+            i = g.index
+            out += [(f"w_s{i}", g.C * g.stride, self.p.dtype, "shared.dyn"),
+                    (f"part{i}", g.split * g.partial_stride, "float32", "shared.dyn")]
+            if g.split > 1:
+                out.append((f"g_s{i}", g.B * g.C, "float32", "shared.dyn"))
+            if self.staged:
+                out.append((f"a_s{i}", g.row_tiles * g.tm * g.stride, g.operand_dtype, "shared.dyn"))
+        return out + [("acc", max(max(g.tm * g.tn, 4) for g in gemms), "float32", "local"),
+                      ("a_r", max(g.tm for g in gemms) * VECTOR, "float32", "local"),
+                      ("w_r", max(g.tn for g in gemms) * VECTOR, "float32", "local")]
+
+    def setup(self) -> list[str]:
+        """Before the time loop: the weights, and zeros in the operand's padding."""
+        lines = []
+        for g in (b for b in self.blocks if isinstance(b, _Gemm)):
+            lines += self.load_weights(g) + (self.zero_operand(g) if self.staged else [])
+        return lines + ['T.tvm_storage_sync("shared")']
+
+    def step(self) -> list[str]:
+        """One step: per stage the GEMM, then its elementwise blocks in one loop; grid syncs where a
+        block reads what others wrote."""
+        lines, stored, run = [], False, []
+        for b in self.blocks + [None]:
+            if b is not None and not isinstance(b, _Gemm):
+                run.append(b)
+                continue
+            if run:
+                lines += self.elementwise_text(run)
+                stored, run = True, []
+            if b is None:
+                break
+            if stored:  # its operand was written unit by unit across the grid
+                lines.append("T.cuda.grid_sync()")
+            lines += (self.stage_operand(b) if self.staged else []) + self.gemm_text(b)
+        return lines + ["T.cuda.grid_sync()"]
 
     def func(self) -> tvm.tirx.PrimFunc:
-        p, plan, B, H, T_ = self.p, self.p.plan, self.p.batch, self.H, self.p.steps
-        cell, dtype = p.cell, p.dtype
-        frame = skeleton(plan, T_, B, dtype, p.layout)
-        allocs = [f'{g.name} = T.alloc_buffer(({B}, {g.rows}), "{ACCUMULATE}")'
-                  for s in plan.stages for g in s]
-        outputs = {f"{s}_next" for s in cell.states}
-        allocs += [f'{n} = T.alloc_buffer(({B}, {H}), "{ACCUMULATE}")'
-                   for kind, n, *_ in self.blocks if kind == "elementwise" and n not in outputs]
-        shared, load = [], []
-        for kind, gemm, *_ in self.blocks:
-            if kind != "gemm":
-                continue
-            i, C = plan.gemms.index(gemm), self.columns(gemm)
-            # flat and padded to whole passes of the threads: stores without a guard, which the
-            # shared-memory sync planner cannot handle inside a condition
-            rounds = math.ceil(gemm.depth * C / self.threads)
-            shared.append(f'w_s{i} = T.sblock_alloc_buffer(({rounds * self.threads},), "{dtype}", '
-                          'scope="shared.dyn")')
-            if self.split_k(gemm) > 1:
-                shared.append(f'part{i} = T.sblock_alloc_buffer(({self.threads},), "float32", scope="shared.dyn")')
-            work = f"T.min(p_r * {self.threads} + p_tx, {gemm.depth * C - 1})"
-            load += [
-                f"for p_r in range({rounds}):",
-                f"    w_s{i}[p_r * {self.threads} + p_tx] = "
-                f"w_packed{i}[{work} // {C}, {self.global_column(gemm, f'{work} % {C}')}]",
-            ]
-        step, stored = [], False
-        for kind, what, ivs, value in self.blocks:
-            if kind == "gemm":
-                if stored:  # its operand was written unit by unit across the grid
-                    step.append("T.cuda.grid_sync()")
-                step += self.gemm_text(plan.gemms.index(what), what, ivs, value)
-            else:
-                stored = True
-                step += self.elementwise_text(what, ivs, value)
-        step.append("T.cuda.grid_sync()")
+        p, B, H = self.p, self.p.batch, self.H
+        frame = skeleton(p.plan, p.steps, B, p.dtype, p.layout)
+        outputs = {f"{s}_next" for s in p.cell.states}
+        allocs = [f'{b[1]} = T.alloc_buffer(({B}, {H}), "float32")'
+                  for b in self.blocks if not isinstance(b, _Gemm) and b[1] not in outputs]
+        buffers = [f'{name} = T.sblock_alloc_buffer(({size},), "{dtype}", scope="{scope}")'
+                   for name, size, dtype, scope in self.buffers()]
         loop = f"""    for p_bx in T.thread_binding({self.grid}, thread="blockIdx.x"):
         for p_tx in T.thread_binding({self.threads}, thread="threadIdx.x"):
             with T.sblock("persistent"):
-{indent(shared, 16)}
-                acc = T.sblock_alloc_buffer((1,), "float32", scope="local")
-{indent(load, 16)}
-                T.tvm_storage_sync("shared")
-                for t in range({T_}):
+{indent(buffers + self.setup(), 16)}
+                for t in range({p.steps}):
                     with T.sblock("step"):
 {indent(frame.step_views, 24)}
-{indent(step, 24)}"""
+{indent(self.step(), 24)}"""
         return tvm.script.from_source(frame.source(loop, allocs))
+
+
+def _gate(g: _Gemm, column: int, row: str, H: int, U: int) -> str:
+    """The elementwise math's read of GEMM column ``unit + column`` (column a whole number of gates):
+    local column gate * U + the unit's place in the block (``p_ul``)."""
+    if column % H:
+        return f"{g.name}[{row}, ?]"  # not a gate column of the own unit: plan() refuses it
+    return f"{g.gates}[{row} * {g.C} + {column // H * U} + p_ul]"
 
 
 def substitute(text: str, names: dict[str, str]) -> str:
