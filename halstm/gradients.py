@@ -22,7 +22,7 @@ from .compiler import check_problem
 from .lowering import lower
 from .oracle import _Evaluator
 from .plan import make_plan
-from .runtime import check_array, check_names, as_frame, new_array
+from .runtime import check_array, check_names, as_frame
 
 
 def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32", target="cpu",
@@ -74,7 +74,7 @@ class CompiledBackward:
                 check_array(value, what, shape, dtype)
                 buffers[arg.name] = frame.share(value.reshape(arg.shape))
             else:  # a state without a gradient, the buffers between the two functions, the results
-                buffers[arg.name] = new_array(arg, device, zeros=arg.role == "grad")
+                buffers[arg.name] = frame.new(arg, zeros=arg.role == "grad")
         with frame.stream():
             for name, function in (("bptt", p.bptt), ("weights", p.weights)):
                 self.module[name](*(buffers[a.name] for a in function.args))

@@ -258,7 +258,7 @@ class GreedyDecoder:
                 check_array(inputs[arg.name], arg.name, arg.shape, arg.dtype)
                 tensors.append(frame.share(inputs[arg.name]))
             elif arg.role == "output":
-                tensors.append(outputs.setdefault(arg.name, new_array(arg, self._device, zeros=False)))
+                tensors.append(outputs.setdefault(arg.name, frame.new(arg, zeros=False)))
             else:
                 tensors.append(weights[arg.name])
         with frame.stream():
