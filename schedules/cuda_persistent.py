@@ -181,70 +181,38 @@ class _Kernel:
 
     @classmethod
     def plan(cls, program, target, knobs):
-        """None when the step has math a block cannot do on its own units (a cell's own reduction,
-        a GEMM whose columns are not whole gates, a block not over (B, H), a GEMM result read other
-        than at the block's own row and unit)."""
+        """None when the step has math a block cannot do on its own units (see ``_step_blocks``)."""
         H, B, NT, U = program.cell.hidden_size, program.batch, knobs["threads"], knobs["units"]
-        sch = Schedule(program.mod)
-        inline_elementwise(sch, sch.get_sblock("step"))
-        names = {g.name: g for g in program.plan.gemms}
-        blocks = []
-        for b in sch.get_child_blocks(sch.get_sblock("step")):
-            block = sch.get(b)
-            ivs = [iv.var.name for iv in block.iter_vars]
-            extents = [int(iv.dom.extent) for iv in block.iter_vars]
-            store = block.body
-            if block.name_hint in names:
-                gemm = names[block.name_hint]
-                product = store.value.b  # lowering's _gemm: acc + operand * weight
-                if gemm.rows % H or f"w_packed{program.plan.gemms.index(gemm)}[" not in str(product.b):
-                    return None
-                blocks.append(cls._gemm(program, knobs, gemm, ivs, product.a))
-            elif is_reduction(sch, b) or extents != [B, H]:
-                return None
-            else:
-                blocks.append(("elementwise", store.buffer.name, ivs, str(store.value)))
-        gemms = [g for g in blocks if isinstance(g, _Gemm)]
-        if not gemms:  # nothing to keep on chip: the step loop runs it
+        analysed = _step_blocks(program)
+        if analysed is None:
             return None
-        elementwise = []
-        for kind, name, ivs, value in (b for b in blocks if not isinstance(b, _Gemm)):
-            for g in gemms:
-                value = re.sub(rf"\b{g.name}\[{ivs[0]}, {ivs[1]}(?: \+ (\d+))?\]",
-                               lambda m: _gate(g, int(m.group(1) or 0), ivs[0], H, U), value)
-            if any(re.search(rf"\b{g.name}\[", value) for g in gemms):
-                return None
-            elementwise.append((kind, name, ivs, value))
-        blocks = [b if isinstance(b, _Gemm) else elementwise.pop(0) for b in blocks]
+        blocks = []
+        for kind, what, ivs, text, dtype in analysed:
+            if kind == "gemm":  # sizes for these knobs: the tile shrunk to the batch and to a divisor
+                C, K = what.rows // H * U, what.depth  # of the block's columns, the most split-K parts
+                tm = min(knobs["tile_rows"], B)  # (powers of two, at most max_split) whose tiles the
+                tn = max(t for t in range(1, knobs["tile_cols"] + 1) if C % t == 0)  # threads hold,
+                tiles = -(-B // tm) * (C // tn)  # each part at least one chunk of K
+                S = 1
+                while 2 * S <= knobs["max_split"] and 2 * S * tiles <= NT and 2 * S * VECTOR <= K:
+                    S *= 2
+                blocks.append(_Gemm(program.plan.gemms.index(what), what.name, text, dtype, B, C, K, tm, tn, S, NT))
+            else:
+                blocks.append((kind, what, ivs, text))
+        gemms = [g for g in blocks if isinstance(g, _Gemm)]
+        for n, b in enumerate(blocks):  # GEMM columns the elementwise math reads: its shared buffer
+            if not isinstance(b, _Gemm):
+                kind, name, ivs, value = b
+                for g in gemms:
+                    value = re.sub(rf"\b{g.name}\[{ivs[0]}, {ivs[1]}(?: \+ (\d+))?\]",
+                                   lambda m: _gate(g, int(m.group(1) or 0), ivs[0], H, U), value)
+                if any(re.search(rf"\b{g.name}\[", value) for g in gemms):
+                    return None  # a column that is not a gate of the own unit
+                blocks[n] = (kind, name, ivs, value)
         kernel = cls(program, target, knobs, blocks, staged=True)
         if kernel.shared_bytes() > target.shared_memory:  # the operands do not fit beside the weights
             kernel.staged = False
         return kernel
-
-    @staticmethod
-    def _gemm(program, knobs, gemm, ivs, operand) -> _Gemm:
-        """The GEMM's sizes for these knobs: the tile shrunk to the batch and to a divisor of the
-        block's columns, and the most split-K parts (powers of two, at most ``max_split``) whose
-        tiles all threads can hold, leaving each part at least one chunk of K."""
-        H, B, NT = program.cell.hidden_size, program.batch, knobs["threads"]
-        C, K = gemm.rows // H * knobs["units"], gemm.depth
-        tm = min(knobs["tile_rows"], B)
-        tn = max(t for t in range(1, knobs["tile_cols"] + 1) if C % t == 0)
-        tiles = -(-B // tm) * (C // tn)
-        S = 1
-        while 2 * S <= knobs["max_split"] and 2 * S * tiles <= NT and 2 * S * VECTOR <= K:
-            S *= 2
-        # stage what the GEMM reads in its storage dtype: a state's fp16/bf16 copy, not its float32 view
-        if type(operand).__name__ == "Cast" and type(operand.value).__name__ in ("BufferLoad", "TensorLoad"):
-            operand = operand.value
-        text = str(operand)
-        seq = {f"{s}_t": f"{s}_seq" for s in program.cell.states}
-        text = re.sub(r"\b(\w+)\[", lambda m: f"{seq.get(m.group(1), m.group(1))}[", text)
-        rows = {ivs[0]: "p_row", ivs[2]: "p_k"}
-        if any(f"{s}_seq[" in text for s in program.cell.states):  # a state's view: rows of its sequence
-            rows[ivs[0]] = f"t * {B} + p_row"
-        text = substitute(text, rows)
-        return _Gemm(program.plan.gemms.index(gemm), gemm.name, text, str(operand.ty), B, C, K, tm, tn, S, NT)
 
     # --- sizes -------------------------------------------------------------------------------
     def shared_bytes(self) -> int:
@@ -417,6 +385,55 @@ class _Kernel:
 {indent(frame.step_views, 24)}
 {indent(self.step(), 24)}"""
         return tvm.script.from_source(frame.source(loop, allocs))
+
+
+_analysed: dict[int, tuple] = {}
+
+
+def _step_blocks(program):
+    """The step's blocks in order, knob-independent (cached: the tuner checks many knob settings):
+    ("gemm", Gemm, ivs, operand as text of (p_row, p_k), the operand's dtype) or ("elementwise",
+    buffer, ivs, value). None when the step has math a block cannot do on its own units: a cell's
+    own reduction, a GEMM whose columns are not whole gates, a block not over (B, H), no step GEMM."""
+    hit = _analysed.get(id(program))
+    if hit is not None and hit[0] is program:
+        return hit[1]
+    H, B = program.cell.hidden_size, program.batch
+    sch = Schedule(program.mod)
+    inline_elementwise(sch, sch.get_sblock("step"))
+    names = {g.name: g for g in program.plan.gemms}
+    seq = {f"{s}_t": f"{s}_seq" for s in program.cell.states}
+    blocks = []
+    for b in sch.get_child_blocks(sch.get_sblock("step")):
+        block = sch.get(b)
+        ivs = [iv.var.name for iv in block.iter_vars]
+        extents = [int(iv.dom.extent) for iv in block.iter_vars]
+        store = block.body
+        if block.name_hint in names:
+            gemm = names[block.name_hint]
+            operand, weight = store.value.b.a, store.value.b.b  # lowering's _gemm: acc + operand * weight
+            if gemm.rows % H or f"w_packed{program.plan.gemms.index(gemm)}[" not in str(weight):
+                blocks = None
+                break
+            # staged in its storage dtype: a state's fp16/bf16 copy, not its float32 view
+            if type(operand).__name__ == "Cast" and type(operand.value).__name__ in ("BufferLoad", "TensorLoad"):
+                operand = operand.value
+            text = re.sub(r"\b(\w+)\[", lambda m: f"{seq.get(m.group(1), m.group(1))}[", str(operand))
+            rows = {ivs[0]: "p_row", ivs[2]: "p_k"}
+            if any(f"{s}_seq[" in text for s in program.cell.states):  # a state's view: its sequence's rows
+                rows[ivs[0]] = f"t * {B} + p_row"
+            blocks.append(("gemm", gemm, ivs, substitute(text, rows), str(operand.ty)))
+        elif is_reduction(sch, b) or extents != [B, H]:
+            blocks = None
+            break
+        else:
+            blocks.append(("elementwise", store.buffer.name, ivs, str(store.value), None))
+    if blocks is not None and not any(b[0] == "gemm" for b in blocks):
+        blocks = None  # nothing to keep on chip: the step loop runs it
+    if len(_analysed) > 16:
+        _analysed.clear()
+    _analysed[id(program)] = (program, blocks)
+    return blocks
 
 
 def _gate(g: _Gemm, column: int, row: str, H: int, U: int) -> str:

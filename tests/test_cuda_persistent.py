@@ -1,0 +1,373 @@
+"""The persistent kernel's plan: operand staging, knob pruning, co-residency, code generation, and its
+step text executed thread by thread in Python (index math, races); on a GPU (``-m gpu``) results
+against the float64 reference."""
+
+import math
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import tvm
+
+import halstm
+from halstm.schedules import CudaPersistent
+from halstm.schedules.cuda_persistent import _Gemm, _Kernel
+from halstm.targets import CudaTarget
+
+from conftest import TOLERANCE, random_inputs, rel_err, upcast
+
+CELLS = (halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU)
+DTYPES = ("float32", "float16", "bfloat16")
+H100 = CudaTarget("sm_90", sms=132)
+NVCC = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+
+
+def _program(cell=halstm.LSTM, batch=16, hidden=512, dtype="float32", steps=2, inputs=None):
+    return halstm.lower(cell(inputs or hidden, hidden), steps=steps, batch=batch, dtype=dtype)
+
+
+def _step_text(program, target=H100, **knobs) -> str:
+    sch = CudaPersistent().apply(program, target, **knobs)
+    text = sch.mod.script()
+    return text[text.index("for p_bx in"):]
+
+
+def test_step_operand_is_staged_in_shared_memory():
+    """h (B x K, written by every block before the grid sync) goes into shared memory once a step, four
+    elements a thread at a time; the GEMM reads it and the weights only from there, and its result
+    stays in shared memory (no global gemm buffer)."""
+    text = _step_text(_program())
+    assert re.search(r'a_s1 = T.sblock_alloc_buffer\(\(\d+,\), scope="shared.dyn"\)', text)
+    staging = re.search(r"for p_v in T.vectorized\(4\):\n\s+a_s1\[.*\] = h_seq\[t \* 16 \+ ", text)
+    assert staging, "the operand is not staged from h's sequence, vectorised"
+    gemm = text[text.index("for p_c in range"):]
+    gemm = gemm[:gemm.index("T.tvm_storage_sync")]
+    assert "h_seq" not in gemm and "h_t" not in gemm and "w_packed" not in gemm
+    assert "gemm0[" not in text
+
+
+def test_fp16_weights_and_operand_stay_fp16_in_shared_memory():
+    text = _step_text(_program(dtype="float16"))
+    assert re.search(r'w_s1 = T.sblock_alloc_buffer\(\(\d+,\), "float16", scope="shared.dyn"\)', text)
+    assert re.search(r'a_s1 = T.sblock_alloc_buffer\(\(\d+,\), "float16", scope="shared.dyn"\)', text)
+
+
+def test_operand_falls_back_to_global_memory_when_it_does_not_fit():
+    """B=64, H=1024 fp32: the weights (32 columns x 1024) fit, the 64 x 1024 operand beside them not."""
+    program = _program(batch=64, hidden=1024)
+    knobs = CudaPersistent().defaults(program, H100)
+    kernel = _Kernel.plan(program, H100, knobs)
+    assert not kernel.staged and kernel.shared_bytes() <= H100.shared_memory
+    assert "a_s1" not in _step_text(program)
+
+
+@pytest.mark.parametrize("sms", [132, 114, 46, 8])
+@pytest.mark.parametrize("batch, hidden", [(1, 256), (16, 512), (16, 768), (3, 50)])
+def test_grid_never_exceeds_the_sms(batch, hidden, sms):
+    """One block an SM is what makes the cooperative launch legal: the defaults and every setting the
+    tuner may try keep the grid within the SMs."""
+    target = CudaTarget("sm_90", sms=sms)
+    program = _program(batch=batch, hidden=hidden, steps=1)
+    recipe = CudaPersistent()
+    if not recipe.is_applicable(program, target):  # only when the weights do not fit on chip
+        assert _Kernel.plan(program, target, recipe.defaults(program, target)).shared_bytes() > target.shared_memory
+        return
+    settings = [recipe.defaults(program, target)] + recipe.space(program, target)
+    for knobs in settings:
+        assert hidden // knobs["units"] <= sms
+    text = _step_text(program, target)
+    grid = int(re.search(r'T.thread_binding\((\d+), thread="blockIdx.x"\)', text).group(1))
+    assert grid <= sms and grid == hidden // recipe.defaults(program, target)["units"]
+
+
+def test_valid_prunes_what_cannot_run():
+    recipe, program = CudaPersistent(), _program(batch=3, hidden=512)
+    ok = recipe.defaults(program, H100)
+    assert recipe.valid(program, H100, ok)
+    assert not recipe.valid(program, H100, {**ok, "units": 2})  # 256 blocks for 132 SMs
+    assert not recipe.valid(program, H100, {**ok, "units": 3})  # not a divisor of H
+    assert not recipe.valid(program, H100, {**ok, "tile_rows": 4})  # more rows than the batch
+    assert not recipe.valid(program, H100, {**ok, "units": 4, "tile_cols": 8, "tile_rows": 8})  # registers
+    wide = _program(batch=1, hidden=2048)  # 32 units a block: 128 columns x 2048 fp32 weights
+    assert not recipe.valid(wide, H100, {**recipe.defaults(wide, H100), "units": 32})
+    space = recipe.space(program, H100)
+    assert ok in space and all(recipe.valid(program, H100, k) for k in space)
+
+
+def test_defaults_split_k_over_the_threads():
+    """B=16, H=512, 256 threads: 16 tiles of 4 x 4 outputs, 16 split-K parts of 8 chunks of 4 k."""
+    program = _program()
+    kernel = _Kernel.plan(program, H100, CudaPersistent().defaults(program, H100))
+    (g,) = [b for b in kernel.blocks if isinstance(b, _Gemm)]
+    assert (g.C, g.tm, g.tn, g.tiles, g.split, g.chunks) == (16, 4, 4, 16, 16, 8)
+    assert g.tiles * g.split == kernel.threads and kernel.grid == 128
+
+
+def test_cells_with_dependent_gates_keep_their_extra_grid_sync():
+    text = _step_text(_program(halstm.ResetBeforeGRU, batch=3))
+    step = text[text.index('T.sblock("step")'):]
+    assert step.count("T.cuda.grid_sync()") == 2
+    text = _step_text(_program(halstm.LSTM, batch=3))
+    assert text[text.index('T.sblock("step")'):].count("T.cuda.grid_sync()") == 1
+
+
+def _persistent_kernel(source: str, name: str) -> tuple[str, str]:
+    """(the module's helper definitions, its cooperative kernel (the one that grid-syncs) renamed)."""
+    head = source[:source.index('extern "C" __global__')]
+    kernels = re.split(r'(?=extern "C" __global__ void __launch_bounds__\(\d+\) \w+\([^)]*\) \{)', source)
+    (kernel,) = [k for k in kernels if k.startswith("extern") and "tvm_builtin_cuda_grid_sync();" in k]
+    return head, re.sub(r"(__launch_bounds__\(\d+\) )\w+\(", rf"\1{name}(", kernel, count=1)
+
+
+def _ptxas(sources: list[str], tmp_path) -> str:
+    """nvcc for an H100 on the kernels; ptxas' report."""
+    path = tmp_path / "k.cu"
+    path.write_text(sources[0][0] + "".join(kernel for _, kernel in sources))
+    return subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-w", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
+                           str(path)], capture_output=True, text=True, check=True).stderr
+
+
+@NVCC
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+def test_compiles(cell, dtype, tmp_path):
+    """B=1, H=256; B=16, H=512 and 768: the persistent kernel through nvcc (one call for the three)."""
+    sources = []
+    for batch, hidden in ((1, 256), (16, 512), (16, 768)):
+        f = halstm.compile(cell(hidden, hidden), 2, batch, dtype, target=H100, recipe="cuda-persistent")
+        assert f.recipe.name == "cuda-persistent"
+        sources.append(_persistent_kernel(f.module.imports[0].inspect_source(), f"persistent_{batch}_{hidden}"))
+    _ptxas(sources, tmp_path)
+
+
+@NVCC
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_register_tile_stays_in_registers(dtype, tmp_path):
+    """ptxas: no stack frame (the tile's arrays are registers, not local memory). Cells with two grid
+    syncs may show a few bytes: registers saved around the grid sync's call."""
+    f = halstm.compile(halstm.LSTM(512, 512), 2, 16, dtype, target=H100, recipe="cuda-persistent")
+    out = _ptxas([_persistent_kernel(f.module.imports[0].inspect_source(), "persistent")], tmp_path)
+    props = out[out.index("Function properties for persistent"):]
+    assert re.match(r"Function properties for persistent\n\s+0 bytes stack frame, 0 bytes spill", props), props[:200]
+
+
+# --- the step's text run in Python, one emulated thread at a time ---------------------------------------
+
+class _Race(AssertionError):
+    pass
+
+
+class _Memory:
+    """Every buffer access of an emulated launch, to find races: within a phase between two
+    __syncthreads, an address one thread wrote and another thread of the block read or wrote (with
+    another value); in global memory, the same between blocks anywhere between two grid syncs."""
+
+    def __init__(self):
+        self.who, self.phase, self.interval = (0, 0), 0, 0
+        self.seen = {}
+
+    def access(self, name, key, shared, value=None):
+        epoch = (self.phase, self.who[0]) if shared else self.interval
+        for other, phase, wrote in self.seen.get((epoch, name, key), ()):
+            if other == self.who or (other[0] == self.who[0] and phase != self.phase):
+                continue  # the same thread, or the same block across a __syncthreads
+            if (value is None and wrote is None) or (value is not None and value == wrote):
+                continue  # two reads, or the same value written twice
+            raise _Race(f"{name}{list(key)}: thread {self.who} and thread {other}")
+        self.seen.setdefault((epoch, name, key), []).append((self.who, self.phase, value))
+
+
+class _Buffer:
+    def __init__(self, name, array, memory, shared=False, row=0):
+        self.name, self.array, self.memory, self.shared, self.row = name, array, memory, shared, row
+
+    def _key(self, idx):
+        key = idx if isinstance(idx, tuple) else (idx,)
+        key = (key[0] + self.row, *key[1:])
+        assert all(0 <= i < n for i, n in zip(key, self.array.shape)), f"{self.name}{list(key)} out of {self.array.shape}"
+        return key
+
+    def __getitem__(self, idx):
+        key = self._key(idx)
+        self.memory.access(self.name, key, self.shared)
+        return self.array[key]
+
+    def __setitem__(self, idx, value):
+        key = self._key(idx)
+        self.memory.access(self.name, key, self.shared, float(value))
+        self.array[key] = value
+
+    def view(self, row):
+        return _Buffer(self.name, self.array, self.memory, self.shared, row)
+
+
+class _T:
+    """What the step's TVMScript calls, in float64."""
+
+    min, max, unroll, vectorized = min, max, range, range
+    float32 = float
+    tanh, exp = math.tanh, math.exp
+
+    @staticmethod
+    def Cast(dtype, x):  # noqa: N802 (TVMScript's name)
+        return x
+
+    @staticmethod
+    def if_then_else(cond, a, b):
+        return a if cond else b
+
+    @staticmethod
+    def sigmoid(x):
+        return 1 / (1 + math.exp(-x))
+
+
+def _phases(lines):
+    """The step's top-level statements split at its syncs: (code, ends with a grid sync)."""
+    out, current = [], []
+    for line in lines:
+        if line in ('T.tvm_storage_sync("shared")', "T.cuda.grid_sync()"):
+            out.append((compile("\n".join(current) or "pass", "<step>", "exec"), line.startswith("T.cuda")))
+            current = []
+        else:
+            current.append(line)
+    assert not current, "statements after the step's last grid sync"
+    return out
+
+
+def _emulate(cell, steps, batch, knobs, staged=True, seed=0):
+    """Run the persistent kernel's setup and step text for every block and thread, phase by phase;
+    returns the output sequence (T, B, H) and the final states, as the compiled function does."""
+    rng = np.random.default_rng(seed)
+    program = halstm.lower(cell, steps=steps, batch=batch)
+    kernel = _Kernel.plan(program, H100, knobs)
+    kernel.staged = staged and kernel.staged
+    x, params, states = (upcast(d) if isinstance(d, dict) else np.float64(d)
+                         for d in random_inputs(cell, steps, batch, rng))
+    B, H, plan, memory = batch, cell.hidden_size, program.plan, _Memory()
+    env = {"T": _T}
+    for name, value in params.items():
+        env[name] = _Buffer(name, value, memory)
+    for i, g in enumerate(plan.gemms):
+        packed = np.concatenate([params[m.weight] for m in g.members]).T
+        env[f"w_packed{i}"] = _Buffer(f"w_packed{i}", packed, memory)
+        if g.stage == 0:
+            env[g.name] = _Buffer(g.name, x.reshape(steps * B, -1) @ packed, memory)
+    seqs = {s: np.zeros(((steps + 1) * B, H)) for s in cell.states}
+    for s in cell.states:
+        seqs[s][:B] = states[s]
+        env[f"{s}_seq"] = _Buffer(f"{s}_seq", seqs[s], memory)
+    for kind, name, *_ in (b for b in kernel.blocks if not isinstance(b, _Gemm)):
+        if f"{name}" not in {f"{s}_next" for s in cell.states}:
+            env[name] = _Buffer(name, np.zeros((B, H)), memory)
+    blocks = [{n: _Buffer(n, np.full(size, np.nan), memory, shared=True) for n, size, _, scope in kernel.buffers()
+               if scope != "local"} for _ in range(kernel.grid)]
+    registers = {n: size for n, size, _, scope in kernel.buffers() if scope == "local"}
+
+    def run(code, t):
+        for bx in range(kernel.grid):
+            views = {f"{s}_t": env[f"{s}_seq"].view(t * B) for s in cell.states}
+            views |= {f"{s}_next": env[f"{s}_seq"].view(t * B + B) for s in cell.states}
+            views |= {f"{g.name}_t": env[g.name].view(t * B) for g in plan.hoisted}
+            for tx in range(kernel.threads):
+                memory.who = (bx, tx)
+                exec(code, {**env, **views, **blocks[bx], **threads[bx][tx], "p_bx": bx, "p_tx": tx, "t": t})
+
+    # registers live across phases: one set a thread
+    threads = [[{n: np.zeros(size) for n, size in registers.items()} for _ in range(kernel.threads)]
+               for _ in range(kernel.grid)]
+    (setup, _), = _phases(kernel.setup())
+    run(setup, 0)
+    phases = _phases(kernel.step())
+    for t in range(steps):
+        for code, grid in phases:
+            memory.phase += 1
+            run(code, t)
+            memory.interval += grid
+    y = seqs[cell.states[0]][B:].reshape(steps, B, H)
+    return y, {s: seqs[s][-B:] for s in cell.states}, (x, params, states)
+
+
+EMULATED = [  # (B, I, H, knobs): ragged K (H=10: not whole vectors), tiles past the batch, spare threads
+    (3, 5, 10, {"threads": 32, "units": 5, "tile_rows": 2, "tile_cols": 2, "max_split": 4}),
+    (1, 4, 12, {"threads": 32, "units": 3, "tile_rows": 1, "tile_cols": 4, "max_split": 32}),
+    (4, 6, 8, {"threads": 64, "units": 2, "tile_rows": 4, "tile_cols": 4, "max_split": 2}),
+]
+
+
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "global"])
+@pytest.mark.parametrize("shape", EMULATED, ids=lambda s: "B{}-I{}-H{}".format(*s[:3]))
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+def test_emulated_step_text_matches_reference_without_races(cell, shape, staged):
+    B, I, H, knobs = shape
+    c = cell(I, H)
+    y, final, (x, params, states) = _emulate(c, 3, B, knobs, staged)
+    want_y, want_states = halstm.reference(c, x, params, states)
+    assert rel_err(y, want_y) < 1e-12
+    for s in c.states:
+        assert rel_err(final[s], want_states[s]) < 1e-12
+
+
+def test_emulator_finds_a_race():
+    """Without the sync between the partial tiles and their sum, the emulation reports a race."""
+    B, I, H, knobs = EMULATED[0]
+    step = _Kernel.step
+
+    def racy(self):
+        lines = step(self)
+        stores = next(i for i, line in enumerate(lines) if re.match(r"\s+part\d+\[.*\] = acc", line))
+        sync = next(i for i in range(stores, len(lines)) if lines[i].startswith("T.tvm_storage_sync"))
+        return lines[:sync] + lines[sync + 1:]
+
+    try:
+        _Kernel.step = racy
+        with pytest.raises(_Race):
+            _emulate(halstm.LSTM(I, H), 2, B, knobs)
+    finally:
+        _Kernel.step = step
+
+
+# --- on a GPU ------------------------------------------------------------------------------------
+
+def _gpu() -> bool:
+    try:
+        return tvm.cuda(0).exist
+    except Exception:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.parametrize("batch, hidden", [(1, 50), (3, 100), (16, 200)], ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+def test_matches_reference_on_gpu(cell, dtype, batch, hidden, rng):
+    """H not a multiple of the tile nor of 4 units (50: 25 blocks of 2; 100, 200), T=24."""
+    torch = pytest.importorskip("torch")
+    T, c = 24, cell(32, hidden)
+    f = halstm.compile(c, T, batch, dtype, target=CudaTarget.detect(), recipe="cuda-persistent")
+    x, params, states = random_inputs(c, T, batch, rng, dtype)
+    to_gpu = lambda a: torch.from_numpy(np.asarray(a, np.float32)).to(getattr(torch, dtype)).cuda()
+    y, final = f(to_gpu(x), {k: to_gpu(v) for k, v in params.items()}, {k: to_gpu(v) for k, v in states.items()})
+    want_y, want_states = halstm.reference(c, np.asarray(x, np.float64), upcast(params), upcast(states))
+    assert rel_err(y.float().cpu().numpy(), want_y) < TOLERANCE[dtype], f.knobs
+    for s in c.states:
+        assert rel_err(final[s].float().cpu().numpy(), want_states[s]) < TOLERANCE[dtype], f.knobs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.parametrize("knobs", [
+    {"units": 8, "tile_rows": 2, "tile_cols": 8, "threads": 128, "max_split": 8},
+    {"units": 16, "tile_rows": 1, "tile_cols": 2, "threads": 512, "max_split": 128},
+], ids=["few-blocks", "many-parts"])
+def test_other_knobs_match_reference_on_gpu(knobs, rng):
+    torch = pytest.importorskip("torch")
+    T, B, c = 20, 3, halstm.LSTM(16, 256)
+    f = halstm.compile(c, T, B, "float32", target=CudaTarget.detect(), recipe="cuda-persistent", knobs=knobs)
+    x, params, states = random_inputs(c, T, B, rng)
+    y, _ = f(torch.from_numpy(x).cuda(), {k: torch.from_numpy(v).cuda() for k, v in params.items()},
+             {k: torch.from_numpy(v).cuda() for k, v in states.items()})
+    want_y, _ = halstm.reference(c, np.float64(x), upcast(params), upcast(states))
+    assert rel_err(y.cpu().numpy(), want_y) < TOLERANCE["float32"]
