@@ -178,6 +178,7 @@ class _Kernel:
         self.threads, self.units = knobs["threads"], knobs["units"]
         self.H = program.cell.hidden_size
         self.grid = self.H // self.units
+        self.hoisted = []  # (index, name, columns a block) of the hoisted GEMMs prefetched a step
 
     @classmethod
     def plan(cls, program, target, knobs):
@@ -200,7 +201,10 @@ class _Kernel:
             else:
                 blocks.append((kind, what, ivs, text))
         gemms = [g for g in blocks if isinstance(g, _Gemm)]
-        for n, b in enumerate(blocks):  # GEMM columns the elementwise math reads: its shared buffer
+        # the hoisted GEMMs' gate columns of the own units are prefetched with the operand
+        hoisted = [(program.plan.gemms.index(g), g.name, g.rows // H * U) for g in program.plan.hoisted
+                   if g.rows % H == 0]
+        for n, b in enumerate(blocks):  # GEMM columns the elementwise math reads: from shared memory
             if not isinstance(b, _Gemm):
                 kind, name, ivs, value = b
                 for g in gemms:
@@ -208,8 +212,13 @@ class _Kernel:
                                    lambda m: _gate(g, int(m.group(1) or 0), ivs[0], H, U), value)
                 if any(re.search(rf"\b{g.name}\[", value) for g in gemms):
                     return None  # a column that is not a gate of the own unit
+                for i, x, C in hoisted:  # other columns stay global reads
+                    value = re.sub(rf"\b{x}_t\[{ivs[0]}, {ivs[1]}(?: \+ (\d+))?\]",
+                                   lambda m: (f"x_s{i}[{ivs[0]} * {C} + {int(m.group(1) or 0) // H * U} + p_ul]"
+                                              if int(m.group(1) or 0) % H == 0 else m.group(0)), value)
                 blocks[n] = (kind, name, ivs, value)
         kernel = cls(program, target, knobs, blocks, staged=True)
+        kernel.hoisted = hoisted
         if kernel.shared_bytes() > target.shared_memory:  # the operands do not fit beside the weights
             kernel.staged = False
         return kernel
@@ -224,10 +233,10 @@ class _Kernel:
                 total += g.B * g.C * 4
             if self.staged:
                 total += g.row_tiles * g.tm * g.stride * BYTES[g.operand_dtype]
-        return total
+        return total + sum(self.p.batch * C * 4 for *_, C in self.hoisted)
 
     # --- text --------------------------------------------------------------------------------
-    def global_column(self, g: _Gemm, c: str) -> str:
+    def global_column(self, c: str) -> str:
         """Column of the GEMM result for local column c of this block."""
         return f"({c}) // {self.units} * {self.H} + p_bx * {self.units} + ({c}) % {self.units}"
 
@@ -244,7 +253,7 @@ class _Kernel:
         def body(q):
             k, c = f"{q} // {g.C}", f"{q} % {g.C}"
             return [f"w_s{i}[({c}) * {g.stride} + {k}] = T.if_then_else({k} < {g.K}, "
-                    f"w_packed{i}[T.min({k}, {g.K - 1}), {self.global_column(g, c)}], T.Cast(\"{dtype}\", T.float32(0)))"]
+                    f"w_packed{i}[T.min({k}, {g.K - 1}), {self.global_column(c)}], T.Cast(\"{dtype}\", T.float32(0)))"]
 
         return self.flat(total, body)
 
@@ -339,6 +348,7 @@ class _Kernel:
                 out.append((f"g_s{i}", g.B * g.C, "float32", "shared.dyn"))
             if self.staged:
                 out.append((f"a_s{i}", g.row_tiles * g.tm * g.stride, g.operand_dtype, "shared.dyn"))
+        out += [(f"x_s{i}", self.p.batch * C, "float32", "shared.dyn") for i, _, C in self.hoisted]
         return out + [("acc", max(max(g.tm * g.tn, 4) for g in gemms), "float32", "local"),
                       ("a_r", max(g.tm for g in gemms) * VECTOR, "float32", "local"),
                       ("w_r", max(g.tn for g in gemms) * VECTOR, "float32", "local")]
@@ -354,6 +364,9 @@ class _Kernel:
         """One step: per stage the GEMM, then its elementwise blocks in one loop; grid syncs where a
         block reads what others wrote."""
         lines, stored, run = [], False, []
+        for i, name, C in self.hoisted:  # read after the first GEMM's syncs
+            lines += self.flat(self.p.batch * C, lambda q: [
+                f"x_s{i}[{q}] = {name}_t[{q} // {C}, {self.global_column(f'{q} % {C}')}]"])
         for b in self.blocks + [None]:
             if b is not None and not isinstance(b, _Gemm):
                 run.append(b)

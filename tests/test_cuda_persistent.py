@@ -48,6 +48,16 @@ def test_step_operand_is_staged_in_shared_memory():
     assert "gemm0[" not in text
 
 
+def test_input_projection_is_prefetched_with_the_operand():
+    """The hoisted GEMM's columns of the block's units for the step go into shared memory before the
+    step's GEMM; the elementwise math reads them there (its global loads waited after the GEMM)."""
+    text = _step_text(_program())
+    step = text[text.index('T.sblock("step")'):]
+    assert step.index("x_s0[") < step.index("for p_c in range")
+    elementwise = step[step.index("h_next["):]
+    assert "x_s0[" in elementwise and "x_proj0_t[" not in elementwise
+
+
 def test_fp16_weights_and_operand_stay_fp16_in_shared_memory():
     text = _step_text(_program(dtype="float16"))
     assert re.search(r'w_s1 = T.sblock_alloc_buffer\(\(\d+,\), "float16", scope="shared.dyn"\)', text)
