@@ -11,7 +11,7 @@ dtype. Then per step and stage:
     register-tiled GEMM   thread (tile, part): a tm x tn tile of (row, column) outputs, fp32
                           accumulators in registers, over the K chunks part, part + S, ... of VECTOR
                           k each (S split-K parts, fastest in the thread index: a warp's loads are
-                          consecutive chunks, conflict-free); each thread's tile to shared memory
+                          consecutive chunks); each thread's tile to shared memory
     __syncthreads
     split-K sum           one thread per output adds the S partial tiles (when S > 1); __syncthreads
     fused elementwise     the expression of the cell's own block, printed from the step program, its
@@ -37,9 +37,9 @@ recipe's schedule.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
+from functools import partial
 
 import tvm
 from tvm.s_tir import Schedule
@@ -137,6 +137,20 @@ class _Gemm:
     split: int  # S
     threads: int
 
+    @classmethod
+    def sized(cls, index, gemm, operand, dtype, B, C, knobs) -> _Gemm:
+        """The sizes that run for these knobs: the tile shrunk to the batch and to a divisor of the
+        block's columns; the most split-K parts (a power of two, at most ``max_split``) whose tiles
+        the threads can hold, each part at least one chunk of K."""
+        NT, K = knobs["threads"], gemm.depth
+        tm = min(knobs["tile_rows"], B)
+        tn = max(t for t in range(1, knobs["tile_cols"] + 1) if C % t == 0)
+        tiles = -(-B // tm) * (C // tn)
+        S = 1
+        while 2 * S <= knobs["max_split"] and 2 * S * tiles <= NT and 2 * S * VECTOR <= K:
+            S *= 2
+        return cls(index, gemm.name, operand, dtype, B, C, K, tm, tn, S, NT)
+
     @property
     def row_tiles(self) -> int:
         return -(-self.B // self.tm)
@@ -173,52 +187,34 @@ class _Gemm:
 class _Kernel:
     """The planned persistent kernel: its knobs, the step's blocks in order, as text."""
 
-    def __init__(self, program, target, knobs, blocks, staged):
+    def __init__(self, program, target, knobs, blocks, hoisted, staged):
         self.p, self.target, self.blocks, self.staged = program, target, blocks, staged
+        self.hoisted = hoisted  # (index, name, columns a block) of the hoisted GEMMs prefetched a step
         self.threads, self.units = knobs["threads"], knobs["units"]
         self.H = program.cell.hidden_size
         self.grid = self.H // self.units
-        self.hoisted = []  # (index, name, columns a block) of the hoisted GEMMs prefetched a step
 
     @classmethod
     def plan(cls, program, target, knobs):
         """None when the step has math a block cannot do on its own units (see ``_step_blocks``)."""
-        H, B, NT, U = program.cell.hidden_size, program.batch, knobs["threads"], knobs["units"]
+        H, B, U = program.cell.hidden_size, program.batch, knobs["units"]
         analysed = _step_blocks(program)
         if analysed is None:
             return None
-        blocks = []
-        for kind, what, ivs, text, dtype in analysed:
-            if kind == "gemm":  # sizes for these knobs: the tile shrunk to the batch and to a divisor
-                C, K = what.rows // H * U, what.depth  # of the block's columns, the most split-K parts
-                tm = min(knobs["tile_rows"], B)  # (powers of two, at most max_split) whose tiles the
-                tn = max(t for t in range(1, knobs["tile_cols"] + 1) if C % t == 0)  # threads hold,
-                tiles = -(-B // tm) * (C // tn)  # each part at least one chunk of K
-                S = 1
-                while 2 * S <= knobs["max_split"] and 2 * S * tiles <= NT and 2 * S * VECTOR <= K:
-                    S *= 2
-                blocks.append(_Gemm(program.plan.gemms.index(what), what.name, text, dtype, B, C, K, tm, tn, S, NT))
-            else:
-                blocks.append((kind, what, ivs, text))
+        blocks = [_Gemm.sized(program.plan.gemms.index(what), what, text, dtype, B, what.rows // H * U, knobs)
+                  if kind == "gemm" else (kind, what, ivs, text) for kind, what, ivs, text, dtype in analysed]
         gemms = [g for g in blocks if isinstance(g, _Gemm)]
         # the hoisted GEMMs' gate columns of the own units are prefetched with the operand
         hoisted = [(program.plan.gemms.index(g), g.name, g.rows // H * U) for g in program.plan.hoisted
                    if g.rows % H == 0]
-        for n, b in enumerate(blocks):  # GEMM columns the elementwise math reads: from shared memory
+        for n, b in enumerate(blocks):
             if not isinstance(b, _Gemm):
                 kind, name, ivs, value = b
-                for g in gemms:
-                    value = re.sub(rf"\b{g.name}\[{ivs[0]}, {ivs[1]}(?: \+ (\d+))?\]",
-                                   lambda m: _gate(g, int(m.group(1) or 0), ivs[0], H, U), value)
-                if any(re.search(rf"\b{g.name}\[", value) for g in gemms):
-                    return None  # a column that is not a gate of the own unit
-                for i, x, C in hoisted:  # other columns stay global reads
-                    value = re.sub(rf"\b{x}_t\[{ivs[0]}, {ivs[1]}(?: \+ (\d+))?\]",
-                                   lambda m: (f"x_s{i}[{ivs[0]} * {C} + {int(m.group(1) or 0) // H * U} + p_ul]"
-                                              if int(m.group(1) or 0) % H == 0 else m.group(0)), value)
+                value = _on_chip(value, ivs, gemms, hoisted, H, U)
+                if value is None:
+                    return None
                 blocks[n] = (kind, name, ivs, value)
-        kernel = cls(program, target, knobs, blocks, staged=True)
-        kernel.hoisted = hoisted
+        kernel = cls(program, target, knobs, blocks, hoisted, staged=True)
         if kernel.shared_bytes() > target.shared_memory:  # the operands do not fit beside the weights
             kernel.staged = False
         return kernel
@@ -252,8 +248,9 @@ class _Kernel:
 
         def body(q):
             k, c = f"{q} // {g.C}", f"{q} % {g.C}"
-            return [f"w_s{i}[({c}) * {g.stride} + {k}] = T.if_then_else({k} < {g.K}, "
-                    f"w_packed{i}[T.min({k}, {g.K - 1}), {self.global_column(c)}], T.Cast(\"{dtype}\", T.float32(0)))"]
+            value = (f"T.if_then_else({k} < {g.K}, w_packed{i}[T.min({k}, {g.K - 1}), {self.global_column(c)}], "
+                     f'T.Cast("{dtype}", T.float32(0)))')
+            return [f"w_s{i}[({c}) * {g.stride} + {k}] = {value}"]
 
         return self.flat(total, body)
 
@@ -261,6 +258,10 @@ class _Kernel:
         """Padding columns past K (and rows past the batch) stay zero for all steps."""
         size = g.row_tiles * g.tm * g.stride
         return self.flat(size, lambda q: [f'a_s{g.index}[{q}] = T.Cast("{g.operand_dtype}", T.float32(0))'])
+
+    def prefetch(self, i: int, name: str, columns: int, q: str) -> list[str]:
+        """The step's row block of a hoisted GEMM, the block's units' gate columns, into x_s[row * C + c]."""
+        return [f"x_s{i}[{q}] = {name}_t[{q} // {columns}, {self.global_column(f'{q} % {columns}')}]"]
 
     def stage_operand(self, g: _Gemm) -> list[str]:
         """The step's B x K operand into a_s[row * stride + k], VECTOR at a time where rows allow."""
@@ -365,8 +366,7 @@ class _Kernel:
         block reads what others wrote."""
         lines, stored, run = [], False, []
         for i, name, C in self.hoisted:  # read after the first GEMM's syncs
-            lines += self.flat(self.p.batch * C, lambda q: [
-                f"x_s{i}[{q}] = {name}_t[{q} // {C}, {self.global_column(f'{q} % {C}')}]"])
+            lines += self.flat(self.p.batch * C, partial(self.prefetch, i, name, C))
         for b in self.blocks + [None]:
             if b is not None and not isinstance(b, _Gemm):
                 run.append(b)
@@ -449,12 +449,29 @@ def _step_blocks(program):
     return blocks
 
 
-def _gate(g: _Gemm, column: int, row: str, H: int, U: int) -> str:
-    """The elementwise math's read of GEMM column ``unit + column`` (column a whole number of gates):
-    local column gate * U + the unit's place in the block (``p_ul``)."""
-    if column % H:
-        return f"{g.name}[{row}, ?]"  # not a gate column of the own unit: plan() refuses it
-    return f"{g.gates}[{row} * {g.C} + {column // H * U} + p_ul]"
+def _on_chip(value: str, ivs, gemms, hoisted, H: int, U: int) -> str | None:
+    """The elementwise math's reads of GEMM results and of the hoisted input projection at the own
+    row and a gate column of the own unit (``unit + gate * H``), re-indexed into their shared buffers:
+    local column gate * U + the unit's place in the block (``p_ul``). None when it reads a step GEMM's
+    result anywhere else; other input-projection reads stay global."""
+    row, unit = ivs
+
+    def rewrite(value, buffer, shared, columns):
+        def gate(m):
+            column = int(m.group(1) or 0)
+            if column % H:
+                return m.group(0)
+            return f"{shared}[{row} * {columns} + {column // H * U} + p_ul]"
+
+        return re.sub(rf"\b{buffer}\[{row}, {unit}(?: \+ (\d+))?\]", gate, value)
+
+    for g in gemms:
+        value = rewrite(value, g.name, g.gates, g.C)
+        if re.search(rf"\b{g.name}\[", value):
+            return None
+    for i, name, columns in hoisted:
+        value = rewrite(value, f"{name}_t", f"x_s{i}", columns)
+    return value
 
 
 def substitute(text: str, names: dict[str, str]) -> str:
