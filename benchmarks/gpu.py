@@ -38,10 +38,10 @@ RECIPES = [r.name for r in schedules.BUILTIN if r.name.startswith("cuda")]
 CHECK_SHAPE = (3, 2, 20, 24)  # T, B, I, H
 
 
-def applicable(name, T, B, I, H, dtype, recipe, target) -> bool:
+def applicable(name, T, B, I, H, dtype, recipe, target, every_recipe=False) -> bool:
     r = next(r for r in schedules.BUILTIN if r.name == recipe)
-    if recipe == "cuda-persistent" and B > PREFERRED_MAX_BATCH:
-        return False  # measured 2-5x slower than the step loop from B=64 on (docs/gpu-results.md)
+    if recipe == "cuda-persistent" and B > PREFERRED_MAX_BATCH and not every_recipe:
+        return False  # slower than the step loop there (docs/gpu-results.md); --every-recipe times it
     return r.is_applicable(halstm.lower(CELLS[name](I, H), T, B, dtype), target)
 
 
@@ -149,10 +149,10 @@ def torch_cell(name, p):
     return {"PeepholeLSTM": peephole, "ResetBeforeGRU": reset_before}[name]
 
 
-def bench_jobs(shapes, target):
+def bench_jobs(shapes, target, every_recipe):
     return [(name, T, B, H, H, dtype, recipe) for T, B, H in shapes for name in CELLS
             for dtype in ("float32", "float16") for recipe in RECIPES
-            if applicable(name, T, B, H, H, dtype, recipe, target)]
+            if applicable(name, T, B, H, H, dtype, recipe, target, every_recipe)]
 
 
 def bench(built, shapes, use_compile, out):
@@ -267,6 +267,8 @@ def main():
     ap.add_argument("--shapes", default=",".join(map(str, range(len(SHAPES)))))
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (20-30 s a cell)")
+    ap.add_argument("--every-recipe", action="store_true",
+                    help=f"time the persistent kernel beyond B={PREFERRED_MAX_BATCH} too")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness checks at T=3, B=2")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
                     help="processes compiling halstm functions")
@@ -274,7 +276,7 @@ def main():
     target = CudaTarget.detect()
     print(target, flush=True)
     shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else []
-    jobs = ([] if args.no_check else check_jobs()) + bench_jobs(shapes, target)
+    jobs = ([] if args.no_check else check_jobs()) + bench_jobs(shapes, target, args.every_recipe)
     built = Built(jobs, target, args.workers)
     checks = [] if args.no_check else check(built)
     rows = bench(built, shapes, not args.no_compile, args.out)
