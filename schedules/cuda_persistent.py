@@ -160,6 +160,11 @@ class _Gemm:
         return self.row_tiles * (self.C // self.tn)
 
     @property
+    def rounds(self) -> int:
+        """Tiles each thread computes one after the other (more than one only when S = 1)."""
+        return -(-self.tiles * self.split // self.threads)
+
+    @property
     def chunks(self) -> int:
         """VECTOR-wide k chunks each part walks."""
         return -(-self.K // (self.split * VECTOR))
@@ -174,7 +179,7 @@ class _Gemm:
     def partial_stride(self) -> int:
         """Elements per part in the partial buffer: rows for every thread's tile, including threads
         without one (they store zeros past the batch), padded to 1 mod 32 banks."""
-        thread_tiles = -(-self.threads // self.split)
+        thread_tiles = -(-self.rounds * self.threads // self.split)
         rows = -(-thread_tiles // (self.C // self.tn)) * self.tm
         return rows * self.C + (1 - rows * self.C) % 32
 
@@ -279,7 +284,8 @@ class _Kernel:
 
     def gemm_text(self, g: _Gemm) -> list[str]:
         S, tm, tn, V, i = g.split, g.tm, g.tn, VECTOR, g.index
-        part, tile = f"p_tx % {S}", f"p_tx // {S}"
+        work = "p_tx" if g.rounds == 1 else f"(p_t * {self.threads} + p_tx)"
+        part, tile = f"{work} % {S}", f"{work} // {S}"
         row, col = f"{tile} // {g.C // tn} * {tm} + p_i", f"{tile} % {g.C // tn} * {tn} + p_j"
         k = f"(p_c * {S} + {part}) * {V} + p_v"
         if self.staged:
@@ -300,15 +306,15 @@ class _Kernel:
             f"            for p_j in T.unroll({tn}):",
             f"                acc[p_i * {tn} + p_j] = acc[p_i * {tn} + p_j] + a_r[p_i * {V} + p_v] * w_r[p_j * {V} + p_v]",
         ]
-        if g.tiles * S < self.threads:  # the threads past the tiles only load and sync
-            compute = [f"if p_tx < {g.tiles * S}:", *indent(compute, 4).splitlines()]
-        lines = [f"for p_i in T.unroll({tm * tn}):", "    acc[p_i] = T.float32(0)", *compute]
-        lines += [
-            f"for p_i in T.unroll({tm}):",
-            f"    for p_j in T.unroll({tn}):",
-            f"        part{i}[{part} * {g.partial_stride} + ({row}) * {g.C} + {col}] = acc[p_i * {tn} + p_j]",
-            'T.tvm_storage_sync("shared")',
-        ]
+        if g.tiles * S < g.rounds * self.threads:  # the threads past the tiles only load and sync
+            compute = [f"if {work} < {g.tiles * S}:", *indent(compute, 4).splitlines()]
+        lines = [f"for p_i in T.unroll({tm * tn}):", "    acc[p_i] = T.float32(0)", *compute,
+                 f"for p_i in T.unroll({tm}):",
+                 f"    for p_j in T.unroll({tn}):",
+                 f"        part{i}[{part} * {g.partial_stride} + ({row}) * {g.C} + {col}] = acc[p_i * {tn} + p_j]"]
+        if g.rounds > 1:  # more tiles than threads (then S = 1)
+            lines = [f"for p_t in range({g.rounds}):", *indent(lines, 4).splitlines()]
+        lines.append('T.tvm_storage_sync("shared")')
         if S > 1:  # split-K sum, four independent chains per output
             chains = min(4, S)
 

@@ -299,10 +299,12 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0):
     return y, {s: seqs[s][-B:] for s in cell.states}, (x, params, states)
 
 
-EMULATED = [  # (B, I, H, knobs): ragged K (H=10: not whole vectors), tiles past the batch, spare threads
+EMULATED = [  # (B, I, H, knobs): ragged K (H=10: not whole vectors), tiles past the batch, spare threads,
+    # more tiles than threads
     (3, 5, 10, {"threads": 32, "units": 5, "tile_rows": 2, "tile_cols": 2, "max_split": 4}),
     (1, 4, 12, {"threads": 32, "units": 3, "tile_rows": 1, "tile_cols": 4, "max_split": 32}),
     (4, 6, 8, {"threads": 64, "units": 2, "tile_rows": 4, "tile_cols": 4, "max_split": 2}),
+    (4, 3, 8, {"threads": 16, "units": 2, "tile_rows": 1, "tile_cols": 1, "max_split": 2}),  # tiles > threads
 ]
 
 
