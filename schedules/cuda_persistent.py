@@ -7,11 +7,14 @@ dtype. Then per step and stage:
 
     stage the operand     the B x K rows the step GEMM reads (h, written by every block before the
                           grid sync) into shared memory, all threads, VECTOR elements at a time
+                          (read from global memory in the GEMM where it does not fit beside the
+                          weights); the step's input projection of the block's units with it
     __syncthreads
     register-tiled GEMM   thread (tile, part): a tm x tn tile of (row, column) outputs, fp32
                           accumulators in registers, over the K chunks part, part + S, ... of VECTOR
                           k each (S split-K parts, fastest in the thread index: a warp's loads are
-                          consecutive chunks); each thread's tile to shared memory
+                          consecutive chunks; more tiles than threads: in rounds); each thread's
+                          tile to shared memory
     __syncthreads
     split-K sum           one thread per output adds the S partial tiles (when S > 1); __syncthreads
     fused elementwise     the expression of the cell's own block, printed from the step program, its
@@ -21,9 +24,10 @@ dtype. Then per step and stage:
 Why (H100, T=100, before this layout): each thread computed one output walking all of K serially with
 a global load of h per multiply-add; at B=16, H=512 (U=4, 256 threads) that is 512 dependent FMAs each
 waiting on a load, 17-24 us a step (cuDNN fp32 20.5, fp16 2.8). Now a block's step GEMM (16 x 16 x 512
-there) is 512 FMAs a thread from registers, 8 shared loads of VECTOR per 64 FMAs: about 1k cycles of
-FMA issue, the same of shared-memory wavefronts, plus one L2 round trip for the operand and the grid
-sync; expected 3-5 us a step (not yet measured).
+there: 16 tiles of 4 x 4, S = 16, 8 chunks a part) is 512 FMAs a thread from registers with 16
+independent accumulators, 8 shared loads of VECTOR per 64 FMAs: about 1k cycles of FMA issue and 1.5k
+of shared-memory wavefronts, plus one L2 round trip for the operand and the grid sync; estimated 3-4 us
+a step (not yet measured on a GPU).
 
 Shared stores are never inside a condition (the shared-memory sync planner cannot handle that): loops
 over a buffer clamp the index (the spare threads repeat the last element), and threads without a tile
