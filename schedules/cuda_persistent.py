@@ -263,10 +263,8 @@ class _Kernel:
 
         return self.flat(total, body)
 
-    def zero_operand(self, g: _Gemm) -> list[str]:
-        """Padding columns past K (and rows past the batch) stay zero for all steps."""
-        size = g.row_tiles * g.tm * g.stride
-        return self.flat(size, lambda q: [f'a_s{g.index}[{q}] = T.Cast("{g.operand_dtype}", T.float32(0))'])
+    def zero(self, name: str, size: int, dtype: str) -> list[str]:
+        return self.flat(size, lambda q: [f'{name}[{q}] = T.Cast("{dtype}", T.float32(0))'])
 
     def prefetch(self, i: int, name: str, columns: int, q: str) -> list[str]:
         """The step's row block of a hoisted GEMM, the block's units' gate columns, into x_s[row * C + c]."""
@@ -365,10 +363,17 @@ class _Kernel:
                       ("w_r", max(g.tn for g in gemms) * VECTOR, "float32", "local")]
 
     def setup(self) -> list[str]:
-        """Before the time loop: the weights, and zeros in the operand's padding."""
+        """Before the time loop: the weights, and zeros in every other shared buffer. The operand's
+        padding (columns past K) must stay zero for all steps; and a buffer first written inside the
+        loop is one that TVM's merge of the shared allocations may place over another (it put
+        ResetBeforeGRU's second partial buffer over the first): written before the loop, all of them
+        stay live through it, apart, as ``shared_bytes`` counts them."""
         lines = []
         for g in (b for b in self.blocks if isinstance(b, _Gemm)):
-            lines += self.load_weights(g) + (self.zero_operand(g) if self.staged else [])
+            lines += self.load_weights(g)
+        for name, size, dtype, scope in self.buffers():
+            if scope == "shared.dyn" and not name.startswith("w_s"):
+                lines += self.zero(name, size, dtype)
         return lines + ['T.tvm_storage_sync("shared")']
 
     def step(self) -> list[str]:

@@ -57,6 +57,26 @@ def test_input_projection_is_prefetched_with_the_operand():
     assert "x_s0[" in elementwise and "x_proj0_t[" not in elementwise
 
 
+@pytest.mark.parametrize("cell, batch, hidden", [(halstm.ResetBeforeGRU, 3, 50), (halstm.LSTM, 16, 512)],
+                         ids=["ResetBeforeGRU", "LSTM"])
+def test_shared_buffers_are_never_placed_over_each_other(cell, batch, hidden):
+    """TVM merges the shared allocations and reuses the space of one whose last use has passed (it put
+    ResetBeforeGRU's second partial buffer over the first); the weights and the operand's zero padding
+    must survive every step. All buffers are written before the time loop, so the merged allocation is
+    at least their sum: what ``shared_bytes`` counts against the limit."""
+    from tvm.tirx.build import split_host_device_mods
+
+    program = _program(cell, batch=batch, hidden=hidden)
+    recipe = CudaPersistent()
+    target = H100.tvm_target
+    mod = tvm.tirx.transform.BindTarget(target)(recipe.apply(program, H100).mod)
+    _, devices = split_host_device_mods(tvm.tirx.get_default_tir_pipeline(target)[0](mod))
+    text = "\n".join(m.script() for m in devices.values())
+    (size,) = re.findall(r'buf_dyn_shmem = T.alloc_buffer\(\((\d+),\), "uint8", scope="shared.dyn"\)', text)
+    kernel = _Kernel.plan(program, H100, recipe.defaults(program, H100))
+    assert kernel.shared_bytes() <= int(size) <= H100.shared_memory
+
+
 def test_fp16_weights_and_operand_stay_fp16_in_shared_memory():
     text = _step_text(_program(dtype="float16"))
     assert re.search(r'w_s1 = T.sblock_alloc_buffer\(\(\d+,\), "float16", scope="shared.dyn"\)', text)
