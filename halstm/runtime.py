@@ -65,6 +65,7 @@ class SequenceFunction:
 
     def __init__(self, main, signature: Signature, device):
         self._main, self.signature, self._device = main, signature, device
+        self._param_names = {a.name for a in signature.args if a.role == "param"}
 
     def __call__(self, x, params: dict, states: dict | None = None):
         seqs = self.sequences(x, params, states)
@@ -93,8 +94,7 @@ class SequenceFunction:
         T, B, H = sig.steps, sig.batch, sig.hidden_size
         frame = as_frame(x, self._device)
         check_array(x, "x", (T, B, sig.input_size), sig.dtype)
-        names = {a.name for a in sig.args if a.role == "param"}
-        params = check_names(params, "params", names, required=True)
+        params = check_names(params, "params", self._param_names, required=True)
         states = check_names(states or {}, "states", set(sig.states), required=False)
         tensors, outputs = [], {}
         for arg in sig.args:
@@ -210,6 +210,8 @@ def _dtype_of(value) -> str:
 
 
 def check_array(value, what: str, shape: tuple, dtype: str) -> None:
+    if getattr(value, "shape", None) == shape and hasattr(value, "dtype") and _dtype_of(value) == dtype:
+        return  # the common case, first: it is on every call's path
     got = tuple(int(d) for d in getattr(value, "shape", ()))
     if not hasattr(value, "shape") or not hasattr(value, "dtype"):
         raise TypeError(f"{what}: expected an array of shape {shape}, got {type(value).__name__}")
