@@ -2,6 +2,7 @@
 on a GPU machine (``-m gpu``) each is checked against the float64 reference."""
 
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -26,9 +27,17 @@ H100 = CudaTarget("sm_90", sms=132)
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
-def test_generates_cuda(cell, dtype, recipe):
+def test_generates_cuda(cell, dtype, recipe, tmp_path):
+    """TVM without a GPU keeps the module's CUDA source (compiled when it loads): nvcc compiles it
+    here for an H100, so a kernel that does not compile fails on the CPU machine."""
     f = halstm.compile(cell(I_, H_), T_, B_, dtype, target=H100, recipe=recipe)
     assert f.recipe.name == recipe
+    source = tmp_path / "module.cu"
+    module = getattr(f.module, "mod", f.module)  # an Executable, or the cooperative build's Module
+    source.write_text(module.imports[0].inspect_source())
+    nvcc = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-w", "-o", str(tmp_path / "module.cubin"), str(source)],
+                          capture_output=True, text=True)
+    assert nvcc.returncode == 0, nvcc.stderr[-2000:]
 
 
 def _gpu() -> bool:
