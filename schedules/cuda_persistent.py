@@ -53,11 +53,11 @@ from halstm.lowering import indent, skeleton
 from .cuda import BYTES, CudaStepLoop, bind_flat, gemm_tiled, hoisted_tile
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 
-# Largest batch at which ``recipes_for`` puts this recipe first. H100, 2026-11-22 (docs/gpu-results.md,
-# one output a thread, before the register tiles): faster than the step loop at B=1 (3.3-4.5x), B=8
-# (1.5-3.5x) and B=16 (1.3-2.8x); slower at B=64, H=1024 (1.0-2.1x) and B=256 (2.6-4.6x), and at
-# (T, B, H) = (1024, 16, 768) (50 against 30 us a step). A size rule only; the tuner measures both.
-PREFERRED_MAX_BATCH = 16
+# Largest batch at which ``recipes_for`` puts this recipe first. H100, 2026-11-22, register-tiled kernel
+# (docs/gpu-results.md, fourth run): faster than the step loop at B=1 (2.8-3.9x), B=16, H=512 (2.9-5.2x),
+# (T, B, H) = (1024, 16, 768) (2.9-5.8x) and B=64, H=1024 (1.1-2.3x, every cell, fp32 and fp16); B=256 is
+# not measured with it. A size rule only; the tuner measures both.
+PREFERRED_MAX_BATCH = 64
 
 VECTOR = 4  # k a thread moves at once: operand staging, and shared memory to registers in the GEMM
 MAX_TILE_REGISTERS = 64  # accumulators + operand registers a thread may hold (spills beyond)
