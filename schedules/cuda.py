@@ -1,7 +1,12 @@
 """CUDA step-loop recipe: the hoisted GEMM once, then per step one GEMM kernel and one fused
 elementwise kernel per stage, launched from the compiled host loop over t (no Python per step).
 
-GEMMs (the hoisted one and the step's) share one tiled schedule, C[M, N] = A[M, K] @ W[K, N] with W
+fp16/bf16 GEMMs run on tensor cores (WMMA, fp32 accumulation; cuda_tensorcore.py, knob
+"tensor_cores"): the hoisted one always, the step's from B >= 16 rows and when its operand is a
+state (not a computed r * h); ragged shapes are zero-padded. Not yet run on a GPU. The others use
+the FFMA schedule below.
+
+FFMA GEMMs (the hoisted one and the step's) share one tiled schedule, C[M, N] = A[M, K] @ W[K, N] with W
 the packed (K, N) weights:
 
     for block (row tile of bm, column tile of bn):           blockIdx.x
@@ -29,11 +34,16 @@ from dataclasses import dataclass
 from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
 
+from .cuda_tensorcore import TensorCoreTile, copies_its_operand, gemm_tensorcore, tensorize_works
 from .recipe import Recipe, child_blocks, inline_elementwise, is_pure_copy, merge_next_states
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 STATIC_SHARED = 48 * 1024  # "shared" scope allocations are static: at most 48 KiB a block
 VECTOR = 4  # elements a thread fetches at once into shared memory
+TENSOR_CORE_DTYPES = ("float16", "bfloat16")
+# the step GEMM uses tensor cores from one full 16-row fragment up: below, most of each mma_sync
+# would multiply padding rows, and the FFMA tile at small B is bound by latency, not arithmetic
+TENSOR_CORE_MIN_ROWS = 16
 
 
 class CudaStepLoop(Recipe):
@@ -49,7 +59,17 @@ class CudaStepLoop(Recipe):
         "hoisted_block": (128, 64),
         "hoisted_thread": (8, 4),
         "threads": (256, 128, 512),  # elementwise kernels
+        # fp16/bf16 GEMMs on tensor cores (cuda_tensorcore.py): warps_m x warps_n warps a block,
+        # each tc_frags x tc_frags 16x16 fragments; K staged tc_k at a time
+        "tensor_cores": (True, False),
+        "tc_warps_m": (2, 1, 4),
+        "tc_warps_n": (2, 4),
+        "tc_frags": (2, 1, 4),
+        "tc_k": (32, 16),
     }
+    _FFMA_STEP = ("block_rows", "block_cols", "thread_rows", "thread_cols", "k_chunk")
+    _FFMA_HOISTED = ("hoisted_block", "hoisted_thread")
+    _TENSOR_CORE = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_k")
 
     def is_applicable(self, program, target) -> bool:
         return target.kind == "cuda"
@@ -70,9 +90,16 @@ class CudaStepLoop(Recipe):
         return k
 
     def valid(self, program, target, knobs) -> bool:
+        """The tiles that run fit; knobs of a GEMM schedule that does not run stay at their first
+        value (they would only repeat a candidate)."""
         size, threads = BYTES[program.dtype], target.max_threads
-        return (step_tile(knobs, program.batch).fits(size, threads)  # the tile that runs
-                and hoisted_tile(knobs).fits(size, threads))
+        unused = (() if use_tensor_cores(knobs, program) else self._TENSOR_CORE)
+        unused += self._FFMA_HOISTED if use_tensor_cores(knobs, program) else ()
+        unused += self._FFMA_STEP if use_tensor_cores(knobs, program, program.batch) else ()
+        return (all(knobs[name] == self.knobs[name][0] for name in unused)
+                and step_tile(knobs, program.batch).fits(size, threads)  # the tile that runs
+                and hoisted_tile(knobs).fits(size, threads)
+                and tensor_core_tile(knobs).fits(size, threads))
 
     def apply(self, program, target, **knobs) -> Schedule:
         k = self.resolve(program, target, knobs)
@@ -86,8 +113,13 @@ class CudaStepLoop(Recipe):
             # a state's copy goes into the GEMM's shared tile (gemm_tiled inlines it there)
             elementwise = [b for b in elementwise
                            if not (sch.get(b).name_hint in operands and is_pure_copy(sch, b))]
+            rows = program.batch if scope == "step" else program.steps * program.batch
             for gemm in gemms:
-                gemm_tiled(sch, gemm, tile, views)
+                if (use_tensor_cores(k, program, rows if scope == "step" else None)
+                        and copies_its_operand(sch, gemm)):
+                    gemm_tensorcore(sch, gemm, tensor_core_tile(k).for_rows(rows), program.dtype)
+                else:
+                    gemm_tiled(sch, gemm, tile, views)
             for block in merge_next_states(sch, sch.get_sblock(scope), elementwise):
                 bind_flat(sch, block, k["threads"])
         return sch
@@ -127,6 +159,17 @@ def step_tile(knobs: dict, batch: int) -> GemmTile:
 def hoisted_tile(knobs: dict) -> GemmTile:
     b, t = knobs["hoisted_block"], knobs["hoisted_thread"]
     return GemmTile(b, b, t, t, knobs["k_chunk"])
+
+
+def tensor_core_tile(knobs: dict) -> TensorCoreTile:
+    return TensorCoreTile(knobs["tc_warps_m"], knobs["tc_warps_n"], knobs["tc_frags"], knobs["tc_frags"], knobs["tc_k"])
+
+
+def use_tensor_cores(knobs: dict, program, step_rows: int | None = None) -> bool:
+    """Whether a GEMM runs on tensor cores: fp16/bf16 operands, the knob on, TVM able to tensorize,
+    and for the step GEMM (``step_rows`` given) at least TENSOR_CORE_MIN_ROWS rows."""
+    return (knobs["tensor_cores"] and program.dtype in TENSOR_CORE_DTYPES and tensorize_works()
+            and (step_rows is None or step_rows >= TENSOR_CORE_MIN_ROWS))
 
 
 def _pow2_at_least(n: int) -> int:

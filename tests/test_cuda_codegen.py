@@ -12,6 +12,7 @@ import halstm
 from halstm import schedules
 from halstm.schedules import CudaStepLoop
 from halstm.schedules.cuda import hoisted_tile, step_tile
+from halstm.schedules.cuda_tensorcore import tensorize_works
 from halstm.targets import CudaTarget
 
 from conftest import TOLERANCE, random_inputs, rel_err, upcast
@@ -48,8 +49,9 @@ def _gpu() -> bool:
 
 
 # (T, B, I, H): the tiny shape, and one whose hoisted GEMM has ragged row and column tiles (at T=3
-# every check passed while GRU at T=20 came out 85 % wrong)
-GPU_SHAPES = [(T_, B_, I_, H_), (20, 4, 32, 48)]
+# every check passed while GRU at T=20 came out 85 % wrong); fp16/bf16 on tensor cores at a 16-multiple
+# shape, and a ragged one (padded M, N, K)
+GPU_SHAPES = [(T_, B_, I_, H_), (20, 4, 32, 48), (5, 16, 64, 64), (7, 17, 20, 40)]
 
 
 @pytest.mark.gpu
@@ -115,3 +117,41 @@ def test_default_step_tile_is_valid_and_fills_the_gpu(batch, hidden):
     assert CudaStepLoop().valid(program, H100, knobs) and tile.threads >= 32
     if 4 * hidden >= 32 * H100.sms:
         assert tile.blocks(batch, 4 * hidden) >= H100.sms
+
+
+tensor_cores = pytest.mark.skipif(not tensorize_works(), reason="TVM's tensorize segfaults with this apache-tvm-ffi")
+
+
+@tensor_cores
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("shape", [(5, 16, 64, 64), (7, 17, 20, 40)], ids=("aligned", "ragged"))
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+def test_fp16_and_bf16_gemms_run_on_tensor_cores(dtype, shape):
+    """The hoisted and the step GEMM of an LSTM each compile to a wmma::mma_sync kernel, also at a
+    ragged shape (zero-padded to the tile)."""
+    T, B, I, H = shape
+    program = halstm.lower(halstm.LSTM(I, H), steps=T, batch=B, dtype=dtype)
+    source = H100.build(CudaStepLoop().apply(program, H100).mod).mod.imports[0].inspect_source()
+    kernels = source.split("__global__")[1:]
+    assert sum("wmma::mma_sync" in k for k in kernels) == 2, "the hoisted and the step GEMM"
+
+
+@tensor_cores
+def test_step_gemm_ir_on_tensor_cores():
+    """The step GEMM's IR: the state's fp32 operand copy becomes an fp16 shared tile, fragments are
+    loaded with load_matrix_sync and multiplied with mma_sync."""
+    program = halstm.lower(halstm.LSTM(64, 64), steps=3, batch=16, dtype="float16")
+    before = program.mod.script()
+    assert "gemm0[v_b, v_n] = gemm0[v_b, v_n] + gemm0_operand[v_b, v_k] * T.Cast(\"float32\", w_packed1[v_k, v_n])" in before
+    step = CudaStepLoop().apply(program, H100).mod.script()
+    step = step[step.index('T.sblock("step")'):]
+    assert 'gemm0_operand_shared = T.sblock_alloc_buffer((16, 64), "float16", scope="shared")' in step
+    assert 'gemm0_operand_shared[v0, v1] = T.Cast("float16", T.Cast("float32", h_t[v0, v1]))' in step
+    assert "T.tvm_load_matrix_sync(" in step and "T.tvm_mma_sync(" in step
+
+
+def test_tensor_core_knobs_pruned_where_they_do_not_apply():
+    """fp32 never varies the tensor-core knobs; with tensor cores on, the hoisted FFMA knobs stay put."""
+    recipe = CudaStepLoop()
+    fp32 = halstm.lower(halstm.LSTM(64, 64), steps=2, batch=16)
+    assert all(k["tc_frags"] == 2 and k["tc_k"] == 32 for k in recipe.space(fp32, H100)[:500])

@@ -1,0 +1,195 @@
+"""Tensor-core GEMM for fp16/bf16 operands with fp32 accumulation (WMMA 16x16x16), after TVM's
+dlight ``MatmulTensorization``: C[M, N] = A[M, K] @ W[K, N], W the packed (K, N) weights.
+
+    pad M, N, K up to the block tile (pad_einsum: zero rows/columns, results cut back)
+    for block (bm x bn tile):                                  blockIdx.x
+      for warp (warps_m x warps_n, each fm x fn fragments):   threadIdx.y
+        acc[fm, fn] = 0                                        "wmma.accumulator"
+        for ko in K / bk:
+          A_s[bm, bk], W_s[bk, bn] = tiles of A, W             "shared", all threads, vectorised
+          for kk in bk / 16:
+            a[fm], w[fn] = fragments of A_s, W_s               "wmma.matrix_a/b" (load_matrix_sync)
+            acc[r, c] += a[r] @ w[c]                           mma_sync
+        acc -> C_s (shared) -> C                               store_matrix_sync, then all threads
+
+TVM registers WMMA intrinsics for f16 only; the bf16 ones are registered here with TVM's own
+generators (nvcc accepts ``nvcuda::wmma::fragment<..., nv_bfloat16, ...>`` for sm_80+).
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from tvm.s_tir import Schedule
+from tvm.s_tir._tensor_intrin import TensorIntrin
+from tvm.s_tir.tensor_intrin.cuda import (get_wmma_intrin_group, get_wmma_load_intrin,
+                                          get_wmma_sync_intrin)
+
+from .recipe import is_pure_copy
+
+FRAG = 16  # WMMA m16n16k16
+WARP = 32
+VECTOR = 8  # 16-byte fetches of fp16/bf16 into shared memory
+STATIC_SHARED = 48 * 1024
+
+BF16_INTRINS = {
+    "load_a": ("wmma_load_16x16x16_bf16_a_shared", get_wmma_load_intrin(16, 16, 16, "bfloat16", "shared", False, False)),
+    "load_b": ("wmma_load_16x16x16_bf16_b_shared", get_wmma_load_intrin(16, 16, 16, "bfloat16", "shared", True, False)),
+    "compute": ("wmma_sync_16x16x16_bf16bf16f32", get_wmma_sync_intrin(16, 16, 16, "bfloat16", "float32", False)),
+}
+for _name, (_desc, _impl) in BF16_INTRINS.values():
+    TensorIntrin.register(_name, _desc, _impl, override=True)
+
+
+@functools.cache
+def tensorize_works() -> bool:
+    """Whether ``Schedule.tensorize`` can run here. It copies the intrinsic through JSON, and with
+    apache-tvm-ffi 0.1.15.post2 serialising any dtype segfaults (0.1.14.post0 works with TVM 0.27):
+    probed once in a subprocess, since a segfault would take the compiler's process down."""
+    probe = "import tvm; tvm.ir.save_json(tvm.ir.PrimType('int32'))"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+def intrinsics(dtype: str) -> dict[str, str]:
+    """Names of the WMMA intrinsics for ``dtype`` operands, fp32 accumulator, W not transposed."""
+    group = get_wmma_intrin_group("shared", "shared.dyn", "float16", "float32", trans_b=False)
+    if dtype == "bfloat16":
+        group.update({role: name for role, (name, _) in BF16_INTRINS.items()})
+    return group
+
+
+@dataclass(frozen=True)
+class TensorCoreTile:
+    """A block of warps_m x warps_n warps, each fm x fn 16x16 fragments; K staged bk at a time."""
+
+    warps_m: int
+    warps_n: int
+    fm: int
+    fn: int
+    bk: int
+
+    @property
+    def bm(self) -> int:
+        return self.warps_m * self.fm * FRAG
+
+    @property
+    def bn(self) -> int:
+        return self.warps_n * self.fn * FRAG
+
+    @property
+    def threads(self) -> int:
+        return self.warps_m * self.warps_n * WARP
+
+    def shared_bytes(self, size: int) -> int:
+        """A and W tiles (rows padded by VECTOR elements against bank conflicts) and the fp32 C tile."""
+        return (self.bm * (self.bk + VECTOR) + self.bk * (self.bn + VECTOR)) * size + self.bm * (self.bn + 4) * 4
+
+    def fits(self, size: int, max_threads: int) -> bool:
+        return self.threads <= max_threads and self.shared_bytes(size) <= STATIC_SHARED
+
+    def for_rows(self, rows: int) -> "TensorCoreTile":
+        """The tile with its row extent shrunk (fragments first, then warps) while it exceeds the
+        rows rounded up to 16: the step GEMM has only B rows."""
+        warps_m, fm = self.warps_m, self.fm
+        while warps_m * fm * FRAG >= 2 * _round_up(rows, FRAG):
+            if fm > 1:
+                fm //= 2
+            else:
+                warps_m //= 2
+        return TensorCoreTile(warps_m, self.warps_n, fm, self.fn, self.bk)
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> None:
+    """The tensor-core GEMM above on ``block`` (loops b, n, k; A read first, W second). The step's
+    ``<gemm>_operand`` copy of a state (fp32, lowering widens it) is stored in ``dtype`` instead:
+    exact, the state is ``dtype`` already. Ragged M, N, K are padded
+    with zeros; an operand that needs padding is fetched one predicated element at a time (a
+    vector load could run past the end of its buffer), the others 16 bytes at a time."""
+    a_buffer = sch.get(block).reads[0].source
+    if a_buffer.dtype != dtype:
+        producer = next(p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer))
+        sch.unsafe_set_dtype(producer, 0, dtype)
+    rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
+    whole = {0: rows % tile.bm == 0 and depth % tile.bk == 0, 1: depth % tile.bk == 0 and cols % tile.bn == 0}
+    sch.pad_einsum(block, [tile.bm, tile.bn, tile.bk])
+
+    b, n, k = sch.get_loops(block)
+    b, b_frag = sch.split(b, [None, FRAG])
+    n, n_frag = sch.split(n, [None, FRAG])
+    k, k_frag = sch.split(k, [None, FRAG])
+    sch.reorder(b, n, k, b_frag, n_frag, k_frag)
+    inner = block
+    outer = sch.blockize(b_frag)
+    b_block, b_warp, b_inner = sch.split(b, [None, tile.warps_m, tile.fm])
+    n_block, n_warp, n_inner = sch.split(n, [None, tile.warps_n, tile.fn])
+    k_outer, k_inner = sch.split(k, [None, tile.bk // FRAG])
+    sch.reorder(b_block, n_block, b_warp, n_warp, k_outer, k_inner, b_inner, n_inner)
+    sch.bind(sch.fuse(b_block, n_block), "blockIdx.x")
+    warp = sch.fuse(b_warp, n_warp)
+    sch.bind(warp, "threadIdx.y")
+
+    for index in (0, 1):
+        staged = sch.cache_read(outer, index, "shared")
+        sch.compute_at(staged, k_outer)
+        _inline_copies(sch, staged)
+        fused = sch.fuse(*sch.get_loops(staged)[-2:])
+        vector = VECTOR if whole[index] else 1
+        _, ty, tx, vec = sch.split(fused, [None, tile.warps_m * tile.warps_n, WARP, vector])
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        sch.vectorize(vec)
+        sch.storage_align(staged, 0, axis=-2, factor=32, offset=VECTOR)
+    a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
+    w_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
+    sch.compute_at(a_frag, k_inner)
+    sch.compute_at(w_frag, k_inner)
+
+    # C's tile in another scope than A's and W's: TVM's storage rewrite would otherwise reuse A's
+    # fp16 tile for it, and lowering refuses the fp32 pointer into it (access_ptr element type)
+    c_shared = sch.cache_write(outer, 0, "shared.dyn")
+    sch.storage_align(c_shared, 0, axis=-2, factor=16, offset=4)
+    acc = sch.cache_write(outer, 0, "wmma.accumulator")
+    sch.reverse_compute_at(acc, warp)
+    sch.reverse_compute_at(c_shared, warp)
+    init = sch.decompose_reduction(outer, k_outer)
+
+    names = intrinsics(dtype)
+    for frag, role in ((a_frag, "load_a"), (w_frag, "load_b"), (acc, "store")):
+        i, j = sch.get_loops(frag)[-2:]
+        i0, i1 = sch.split(i, [None, FRAG])
+        j0, j1 = sch.split(j, [None, FRAG])
+        sch.reorder(i0, j0, i1, j1)
+        sch.tensorize(i1, names[role])
+    sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], names["init"])
+    sch.tensorize(sch.get_loops(inner)[-3], names["compute"])
+
+    for consumer in sch.get_consumers(c_shared):  # the copy of the padded result back to M x N
+        if sch.get(consumer).reads[0].source.name.endswith("_pad"):
+            sch.reverse_compute_inline(consumer)
+    fused = sch.fuse(*sch.get_loops(c_shared)[-2:])
+    _, tx = sch.split(fused, [None, WARP])
+    sch.bind(tx, "threadIdx.x")
+
+
+def copies_its_operand(sch: Schedule, block) -> bool:
+    """Whether the GEMM's A operand is an input or a plain copy (a state's operand copy), not
+    computed in the scope: a computed one (ResetBeforeGRU's r * h) made compute_at of its shared
+    fetch fail the scope's dependence check."""
+    a_buffer = sch.get(block).reads[0].source
+    return all(is_pure_copy(sch, p) for p in sch.get_producers(block)
+               if sch.get(p).writes[0].source.same_as(a_buffer))
+
+
+def _inline_copies(sch: Schedule, block) -> None:
+    """Inline the zero padding and the plain copies (a state's operand copy) that feed a fetch."""
+    for producer in sch.get_producers(block):
+        if sch.get(producer).name_hint.endswith("_pad") or is_pure_copy(sch, producer):
+            sch.compute_inline(producer)
+            return _inline_copies(sch, block)
