@@ -92,8 +92,12 @@ class _Worker:
             if ready:
                 return _receive(self.process.stdout)
             reason = f"timed out after {timeout:.0f} s"
-        except (EOFError, OSError):
-            reason = f"the worker died (exit code {self.process.poll()})"
+        except (EOFError, OSError):  # its pipe closed: wait for the exit code (poll() raced the exit)
+            try:
+                code = self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            reason = f"the worker died (exit code {code})"
         self.close()
         self._start()
         return None, reason
