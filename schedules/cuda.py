@@ -29,6 +29,7 @@ bm / tm row threads, so that a block is not mostly idle threads.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from tvm.s_tir import Schedule
@@ -93,13 +94,35 @@ class CudaStepLoop(Recipe):
         """The tiles that run fit; knobs of a GEMM schedule that does not run stay at their first
         value (they would only repeat a candidate)."""
         size, threads = BYTES[program.dtype], target.max_threads
-        unused = (() if use_tensor_cores(knobs, program) else self._TENSOR_CORE)
-        unused += self._FFMA_HOISTED if use_tensor_cores(knobs, program) else ()
-        unused += self._FFMA_STEP if use_tensor_cores(knobs, program, program.batch) else ()
-        return (all(knobs[name] == self.knobs[name][0] for name in unused)
+        return (all(knobs[name] == self.knobs[name][0] for name in self._unused(program, knobs))
                 and step_tile(knobs, program.batch).fits(size, threads)  # the tile that runs
                 and hoisted_tile(knobs).fits(size, threads)
                 and tensor_core_tile(knobs).fits(size, threads))
+
+    def space(self, program, target) -> list[dict]:
+        """As Recipe.space, but the unused knobs are not enumerated (the full product is 500K
+        settings, a minute of valid())."""
+        space = []
+        for on in self.knobs["tensor_cores"]:
+            first = {**self.defaults(program, target), "tensor_cores": on}
+            unused = self._unused(program, first)
+            if on != self.knobs["tensor_cores"][0] and "tensor_cores" in unused:
+                continue
+            names = [n for n in self.knobs if n != "tensor_cores" and n not in unused]
+            for values in itertools.product(*(self.knobs[n] for n in names)):
+                k = {**{n: v[0] for n, v in self.knobs.items()}, "tensor_cores": on, **dict(zip(names, values))}
+                if self.valid(program, target, k):
+                    space.append(k)
+        return space
+
+    def _unused(self, program, knobs) -> tuple:
+        """The knobs that change nothing here."""
+        if program.dtype not in TENSOR_CORE_DTYPES or not tensorize_works():
+            return self._TENSOR_CORE + ("tensor_cores",)
+        step_tc = use_tensor_cores(knobs, program, program.batch)
+        if not use_tensor_cores(knobs, program):
+            return self._TENSOR_CORE
+        return self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else ())
 
     def apply(self, program, target, **knobs) -> Schedule:
         k = self.resolve(program, target, knobs)
