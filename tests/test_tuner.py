@@ -74,7 +74,7 @@ class Unreliable(Recipe):
 
 def test_failed_candidates_are_recorded_and_skipped(tmp_path):
     db = Database(tmp_path / "db.jsonl")
-    best = tune(halstm.GRU(8, 8), 3, 2, database=db, recipes=[Unreliable()], trials=None, timeout=10,
+    best = tune(halstm.GRU(8, 8), 3, 2, database=db, recipes=[Unreliable()], trials=None, timeout=30,
                 log=lambda _: None)
     errors = {r.knobs["mode"]: r.error for r in db.records()}
     assert errors["ok"] is None and best.knobs == {"mode": "ok"}
