@@ -12,8 +12,7 @@ dlight ``MatmulTensorization``: C[M, N] = A[M, K] @ W[K, N], W the packed (K, N)
             acc[r, c] += a[r] @ w[c]                           mma_sync
         acc -> C_s (shared) -> C                               store_matrix_sync, then all threads
 
-TVM registers WMMA intrinsics for f16 only; the bf16 ones are registered here with TVM's own
-generators (nvcc accepts ``nvcuda::wmma::fragment<..., nv_bfloat16, ...>`` for sm_80+).
+The intrinsics are in wmma.py (bf16 fragments need sm_80+).
 """
 
 from __future__ import annotations
@@ -24,24 +23,13 @@ import sys
 from dataclasses import dataclass
 
 from tvm.s_tir import Schedule
-from tvm.s_tir._tensor_intrin import TensorIntrin
-from tvm.s_tir.tensor_intrin.cuda import (get_wmma_intrin_group, get_wmma_load_intrin,
-                                          get_wmma_sync_intrin)
 
 from .recipe import is_pure_copy
+from .wmma import FRAG, intrinsics
 
-FRAG = 16  # WMMA m16n16k16
 WARP = 32
 VECTOR = 8  # 16-byte fetches of fp16/bf16 into shared memory
 STATIC_SHARED = 48 * 1024
-
-BF16_INTRINS = {
-    "load_a": ("wmma_load_16x16x16_bf16_a_shared", get_wmma_load_intrin(16, 16, 16, "bfloat16", "shared", False, False)),
-    "load_b": ("wmma_load_16x16x16_bf16_b_shared", get_wmma_load_intrin(16, 16, 16, "bfloat16", "shared", True, False)),
-    "compute": ("wmma_sync_16x16x16_bf16bf16f32", get_wmma_sync_intrin(16, 16, 16, "bfloat16", "float32", False)),
-}
-for _name, (_desc, _impl) in BF16_INTRINS.values():
-    TensorIntrin.register(_name, _desc, _impl, override=True)
 
 
 @functools.cache
@@ -51,14 +39,6 @@ def tensorize_works() -> bool:
     probed once in a subprocess, since a segfault would take the compiler's process down."""
     probe = "import tvm; tvm.ir.save_json(tvm.ir.PrimType('int32'))"
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
-
-
-def intrinsics(dtype: str) -> dict[str, str]:
-    """Names of the WMMA intrinsics for ``dtype`` operands, fp32 accumulator, W not transposed."""
-    group = get_wmma_intrin_group("shared", "shared.dyn", "float16", "float32", trans_b=False)
-    if dtype == "bfloat16":
-        group.update({role: name for role, (name, _) in BF16_INTRINS.items()})
-    return group
 
 
 @dataclass(frozen=True)
