@@ -33,10 +33,14 @@ def test_generates_cuda(cell, dtype, recipe, tmp_path):
     here for an H100, so a kernel that does not compile fails on the CPU machine."""
     f = halstm.compile(cell(I_, H_), T_, B_, dtype, target=H100, recipe=recipe)
     assert f.recipe.name == recipe
-    source = tmp_path / "module.cu"
     module = getattr(f.module, "mod", f.module)  # an Executable, or the cooperative build's Module
-    source.write_text(module.imports[0].inspect_source())
-    nvcc = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-w", "-o", str(tmp_path / "module.cubin"), str(source)],
+    assert_nvcc_compiles(module.imports[0].inspect_source(), tmp_path)
+
+
+def assert_nvcc_compiles(source: str, folder) -> None:
+    path = folder / "module.cu"
+    path.write_text(source)
+    nvcc = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-w", "-o", str(folder / "module.cubin"), str(path)],
                           capture_output=True, text=True)
     assert nvcc.returncode == 0, nvcc.stderr[-2000:]
 
@@ -126,14 +130,16 @@ tensor_cores = pytest.mark.skipif(not tensorize_works(), reason="TVM's tensorize
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 @pytest.mark.parametrize("shape", [(5, 16, 64, 64), (7, 17, 20, 40)], ids=("aligned", "ragged"))
 @pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
-def test_fp16_and_bf16_gemms_run_on_tensor_cores(dtype, shape):
+def test_fp16_and_bf16_gemms_run_on_tensor_cores(dtype, shape, tmp_path):
     """The hoisted and the step GEMM of an LSTM each compile to a wmma::mma_sync kernel, also at a
-    ragged shape (zero-padded to the tile)."""
+    ragged shape (zero-padded to the tile), and nvcc compiles them (the step's state fetch once
+    came out as a make_uint4 of eight halves)."""
     T, B, I, H = shape
     program = halstm.lower(halstm.LSTM(I, H), steps=T, batch=B, dtype=dtype)
     source = H100.build(CudaStepLoop().apply(program, H100).mod).mod.imports[0].inspect_source()
     kernels = source.split("__global__")[1:]
     assert sum("wmma::mma_sync" in k for k in kernels) == 2, "the hoisted and the step GEMM"
+    assert_nvcc_compiles(source, tmp_path)
 
 
 @tensor_cores
