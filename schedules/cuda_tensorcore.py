@@ -137,8 +137,8 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
     # C's tile in another scope than A's and W's: TVM's storage rewrite would otherwise reuse A's
     # fp16 tile for it, and lowering refuses the fp32 pointer into it (access_ptr element type)
     c_shared = sch.cache_write(outer, 0, "shared.dyn")
-    sch.storage_align(c_shared, 0, axis=-2, factor=16, offset=4)
     acc = sch.cache_write(outer, 0, "wmma.accumulator")
+    sch.storage_align(acc, 0, axis=-2, factor=16, offset=4)  # acc's store writes the C tile
     sch.reverse_compute_at(acc, warp)
     sch.reverse_compute_at(c_shared, warp)
     init = sch.decompose_reduction(outer, k_outer)
