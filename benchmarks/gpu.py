@@ -149,17 +149,17 @@ def torch_cell(name, p):
     return {"PeepholeLSTM": peephole, "ResetBeforeGRU": reset_before}[name]
 
 
-def bench_jobs(shapes, target, every_recipe):
+def bench_jobs(shapes, dtypes, target, every_recipe):
     return [(name, T, B, H, H, dtype, recipe) for T, B, H in shapes for name in CELLS
-            for dtype in ("float32", "float16") for recipe in RECIPES
+            for dtype in dtypes for recipe in RECIPES
             if applicable(name, T, B, H, H, dtype, recipe, target, every_recipe)]
 
 
-def bench(built, shapes, use_compile, out):
+def bench(built, shapes, dtypes, use_compile, out):
     rows = []
     for T, B, H in shapes:
         for name, cls in CELLS.items():
-            for dtype in ("float32", "float16"):
+            for dtype in dtypes:
                 cell = cls(H, H)
                 x, p, s = inputs(cell, T, B, dtype, seed=0)
                 row = {"T": T, "B": B, "H": H, "cell": name, "dtype": dtype}
@@ -265,6 +265,7 @@ def plot(rows, path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(map(str, range(len(SHAPES)))))
+    ap.add_argument("--dtypes", default="float32,float16")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (20-30 s a cell)")
     ap.add_argument("--every-recipe", action="store_true",
@@ -276,10 +277,10 @@ def main():
     target = CudaTarget.detect()
     print(target, flush=True)
     shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else []
-    jobs = ([] if args.no_check else check_jobs()) + bench_jobs(shapes, target, args.every_recipe)
+    jobs = ([] if args.no_check else check_jobs()) + bench_jobs(shapes, args.dtypes.split(","), target, args.every_recipe)
     built = Built(jobs, target, args.workers)
     checks = [] if args.no_check else check(built)
-    rows = bench(built, shapes, not args.no_compile, args.out)
+    rows = bench(built, shapes, args.dtypes.split(","), not args.no_compile, args.out)
     text = "## Correctness (T=3, B=2, I=20, H=24, relative norm error vs float64)\n\n| cell | dtype | recipe | error | ok |\n|---|---|---|---|---|\n"
     text += "\n".join(f"| {a} | {b} | {c} | {d if isinstance(d, str) else f'{d:.1e}'} | {e} |" for a, b, c, d, e in checks)
     text += "\n\n## Timing (median of 10 after warm-up, CUDA events; eager: median of 3)\n\n" + table(rows, target.name)
