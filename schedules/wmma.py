@@ -45,14 +45,19 @@ for i, j in T.grid(16, 16):
 """
 
 
-def _load(dtype: str, fragment: str) -> tuple[str, str]:
-    """shared (row-major) -> ``wmma.matrix_a`` or ``wmma.matrix_b``."""
+def _copy(dtype: str, source: str, target: str) -> tuple[str, str]:
+    """A 16x16 tile from scope ``source`` to ``target``, one of them a WMMA fragment: a
+    load_matrix_sync from memory into a fragment, or a store_matrix_sync out of the accumulator."""
+    load = target.startswith("wmma.")
+    fragment, memory = ("C", "A") if load else ("A", "C")
+    strides = {fragment: "d", memory: "s"}
     args = "a: T.handle, c: T.handle"
     io = ("A[0:16, 0:16]", "C[0:16, 0:16]")
-    desc = _func("desc", args, [("A", dtype, "shared", ""), ("C", dtype, fragment, "")], *io, _COPY)
-    call = (f"T.evaluate(T.tvm_load_matrix_sync(C.data, 16, 16, 16, {_INDEX.format(b='C', s='d1')}, "
-            f"A.access_ptr(\"r\", ptr_type=\"{dtype}\"), s1, \"row_major\", dtype=\"void\"))")
-    impl = _func("impl", args, [("A", dtype, "shared", "s"), ("C", dtype, fragment, "d")], *io, call)
+    desc = _func("desc", args, [("A", dtype, source, ""), ("C", dtype, target, "")], *io, _COPY)
+    call = (f"T.evaluate(T.tvm_{'load' if load else 'store'}_matrix_sync({fragment}.data, 16, 16, 16, "
+            f"{_INDEX.format(b=fragment, s='d1')}, {memory}.access_ptr(\"{'r' if load else 'w'}\", "
+            f"ptr_type=\"{dtype}\"), s1, \"row_major\", dtype=\"void\"))")
+    impl = _func("impl", args, [("A", dtype, source, strides["A"]), ("C", dtype, target, strides["C"])], *io, call)
     return desc, impl
 
 
@@ -68,17 +73,6 @@ for i, j in T.grid(16, 16):
             "T.float32(0), dtype=\"void\"))")
     desc = _func("desc", "c: T.handle", [("C", _ACC, "wmma.accumulator", "")], "", "C[0:16, 0:16]", zero)
     impl = _func("impl", "c: T.handle", [("C", _ACC, "wmma.accumulator", "d")], "", "C[0:16, 0:16]", call)
-    return desc, impl
-
-
-def _store(scope: str) -> tuple[str, str]:
-    """``wmma.accumulator`` -> ``scope`` (row-major)."""
-    args = "a: T.handle, c: T.handle"
-    io = ("A[0:16, 0:16]", "C[0:16, 0:16]")
-    desc = _func("desc", args, [("A", _ACC, "wmma.accumulator", ""), ("C", _ACC, scope, "")], *io, _COPY)
-    call = (f"T.evaluate(T.tvm_store_matrix_sync(A.data, 16, 16, 16, {_INDEX.format(b='A', s='d1')}, "
-            f"C.access_ptr(\"w\", ptr_type=\"{_ACC}\"), s1, \"row_major\", dtype=\"void\"))")
-    impl = _func("impl", args, [("A", _ACC, "wmma.accumulator", "d"), ("C", _ACC, scope, "s")], *io, call)
     return desc, impl
 
 
@@ -105,8 +99,8 @@ for i, j, k in T.grid(16, 16, 16):
 def intrinsics(dtype: str, store_scope: str = "shared.dyn") -> dict[str, str]:
     """Register (once) and name the intrinsics for ``dtype`` operands: roles load_a, load_b,
     init, compute, store."""
-    pairs = {"load_a": _load(dtype, "wmma.matrix_a"), "load_b": _load(dtype, "wmma.matrix_b"),
-             "init": _fill(), "compute": _mma(dtype), "store": _store(store_scope)}
+    pairs = {"load_a": _copy(dtype, "shared", "wmma.matrix_a"), "load_b": _copy(dtype, "shared", "wmma.matrix_b"),
+             "init": _fill(), "compute": _mma(dtype), "store": _copy(_ACC, "wmma.accumulator", store_scope)}
     names = {}
     for role, (desc, impl) in pairs.items():
         names[role] = f"halstm_wmma_{role}_{dtype}_{store_scope}" if role == "store" else f"halstm_wmma_{role}_{dtype}"

@@ -3,6 +3,8 @@ on a GPU machine (``-m gpu``) each is checked against the float64 reference."""
 
 import shutil
 import subprocess
+import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -166,3 +168,10 @@ def test_tensor_core_knobs_pruned_where_they_do_not_apply():
         fp16 = halstm.lower(halstm.LSTM(64, 64), steps=2, batch=16, dtype="float16")
         on = [k for k in recipe.space(fp16, H100) if k["tensor_cores"]]
         assert on and all(k["block_rows"] == 64 and k["hoisted_block"] == 128 for k in on)
+
+
+def test_importing_the_recipes_skips_tvms_intrinsic_library():
+    """TVM's tensor_intrin package took 37-66 s to import on a 2-core machine (every tuner worker
+    paid it, and CI's tuner tests timed out): the recipes bring their own WMMA intrinsics."""
+    probe = "import sys, halstm.schedules; sys.exit('tvm.s_tir.tensor_intrin' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], cwd=tempfile.gettempdir()).returncode == 0
