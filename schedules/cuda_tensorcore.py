@@ -118,12 +118,9 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
     for index in (0, 1):
         staged = sch.cache_read(outer, index, "shared")
         sch.compute_at(staged, k_outer)
-        copied = _inline_copies(sch, staged)
+        _inline_copies(sch, staged)
         fused = sch.fuse(*sch.get_loops(staged)[-2:])
-        # 16-byte loads need whole tiles, and not a state's row view: TVM cannot prove the view's
-        # offset (it moves with t) aligned, and its fp16 gather fallback emits make_uint4 of eight
-        # halves, which nvcc rejects
-        vector = VECTOR if whole[index] and not copied else 1
+        vector = VECTOR if whole[index] else 1
         _, ty, tx, vec = sch.split(fused, [None, tile.warps_m * tile.warps_n, WARP, vector])
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
@@ -170,12 +167,9 @@ def copies_its_operand(sch: Schedule, block) -> bool:
                if sch.get(p).writes[0].source.same_as(a_buffer))
 
 
-def _inline_copies(sch: Schedule, block) -> bool:
-    """Inline the zero padding and the plain copies (a state's operand copy) that feed a fetch;
-    whether a plain copy was among them."""
+def _inline_copies(sch: Schedule, block) -> None:
+    """Inline the zero padding and the plain copies (a state's operand copy) that feed a fetch."""
     for producer in sch.get_producers(block):
-        padding = sch.get(producer).name_hint.endswith("_pad")
-        if padding or is_pure_copy(sch, producer):
+        if sch.get(producer).name_hint.endswith("_pad") or is_pure_copy(sch, producer):
             sch.compute_inline(producer)
-            return _inline_copies(sch, block) or not padding
-    return False
+            return _inline_copies(sch, block)

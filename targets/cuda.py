@@ -63,6 +63,14 @@ class CudaTarget:
         PrimFunc does not reach the kernel), so this is ``tvm.tirx.build`` with one step between
         the split and the device finalisation.
         """
+        # TVM's common-subexpression pass hands a step's row offset (t * B * H) to the kernel as an
+        # opaque argument; the code generator then cannot prove a 16-byte load through a state's
+        # row view aligned and gathers instead (for fp16, a make_uint4 of eight halves that nvcc
+        # rejects). nvcc eliminates common subexpressions itself.
+        with tvm.transform.PassContext(config={"tirx.disable_cse_tir": True}):
+            return self._build(mod, cooperative)
+
+    def _build(self, mod: tvm.IRModule, cooperative: bool):
         if not cooperative:
             return tvm.compile(mod, target=self.tvm_target)
         target = self.tvm_target
