@@ -46,3 +46,19 @@ def test_cpu_search_space_prunes_spilling_and_ragged_tiles():
     assert (8, 3) not in tiles and (4, 3) not in tiles  # more accumulators than registers allow
     assert all(rows != 6 for rows, _ in tiles)  # 64 rows do not split into tiles of 6
     assert CpuStepLoop().defaults(program, TARGET) in space
+
+
+def test_gpu_recipe_preference_follows_the_measured_sizes():
+    """Persistent kernel first up to B=64, except fp16/bf16 steps of B x H >= 64 x 1024 where the
+    step loop's tensor cores won (H100, docs/gpu-results.md)."""
+    from halstm.schedules.cuda_tensorcore import tensorize_works
+    from halstm.targets import CudaTarget
+
+    h100 = CudaTarget("sm_90", sms=132)
+
+    def first(batch, hidden, dtype):
+        return recipes_for(halstm.lower(halstm.LSTM(hidden, hidden), 2, batch, dtype), h100)[0].name
+
+    assert first(64, 1024, "float32") == first(64, 512, "float16") == "cuda-persistent"
+    assert first(128, 256, "float32") == "cuda-step-loop"
+    assert first(64, 1024, "float16") == ("cuda-step-loop" if tensorize_works() else "cuda-persistent")
