@@ -132,6 +132,13 @@ def timed(fn, warm=3, reps=10):
     return float(np.median(times))
 
 
+def measured_peak(dtype: str, n: int = 8192) -> float:
+    """TFLOP/s of torch.matmul of two n x n matrices: fp32 without TF32 (torch's default for matmul)
+    is the FFMA peak halstm's fp32 GEMMs can reach, fp16/bf16 the tensor cores' peak."""
+    a, b = (torch.randn(n, n, device="cuda", dtype=getattr(torch, dtype)) for _ in range(2))
+    return 2 * n ** 3 / timed(lambda: a @ b) / 1e9
+
+
 def torch_cell(name, p):
     """The custom cells' step in torch, from the same parameter dict."""
     def peephole(x, h, c):
@@ -157,12 +164,13 @@ def bench_jobs(shapes, dtypes, target, every_recipe):
 
 def bench(built, shapes, dtypes, use_compile, out):
     rows = []
+    peaks = {dtype: round(measured_peak(dtype), 1) for dtype in dtypes}
     for T, B, H in shapes:
         for name, cls in CELLS.items():
             for dtype in dtypes:
                 cell = cls(H, H)
                 x, p, s = inputs(cell, T, B, dtype, seed=0)
-                row = {"T": T, "B": B, "H": H, "cell": name, "dtype": dtype}
+                row = {"T": T, "B": B, "H": H, "cell": name, "dtype": dtype, "peak TFLOP/s": peaks[dtype]}
                 for recipe in RECIPES:
                     job = (name, T, B, H, H, dtype, recipe)
                     row[recipe] = None
@@ -223,8 +231,8 @@ def gemm_flops(row) -> int:
 def table(rows, device):
     lines = [f"GPU: {device}", "",
              "| T | B | H | cell | dtype | " + " | ".join(f"{r} ms" for r in RECIPES)
-             + " | best us/step | best TFLOP/s | cuDNN ms | cuDNN no-TF32 ms | eager ms | torch.compile ms | ratio cuDNN/best | halstm compile s |",
-             "|" + "---|" * (13 + len(RECIPES))]
+             + " | best us/step | best TFLOP/s | % of peak | cuDNN ms | cuDNN no-TF32 ms | eager ms | torch.compile ms | ratio cuDNN/best | halstm compile s |",
+             "|" + "---|" * (14 + len(RECIPES))]
     for r in rows:
         ours = [r.get(k) for k in RECIPES if r.get(k) is not None]
         best = min(ours) if ours else None
@@ -232,12 +240,17 @@ def table(rows, device):
         ratio = f"{base / best:.2f}" if base and best else "-"
         comp = max([r.get(f"{k} compile s", 0) for k in RECIPES])
         step_us = "-" if best is None else f"{1000 * best / r['T']:.1f}"
-        tflops = "-" if best is None else f"{gemm_flops(r) / best / 1e9:.1f}"
+        tflops = None if best is None else gemm_flops(r) / best / 1e9
+        peak = "-" if tflops is None or "peak TFLOP/s" not in r else f"{100 * tflops / r['peak TFLOP/s']:.0f}"
+        tflops = "-" if tflops is None else f"{tflops:.1f}"
         lines.append(f"| {r['T']} | {r['B']} | {r['H']} | {r['cell']} | {r['dtype']} | "
                      + " | ".join(ms(r.get(k)) for k in RECIPES)
-                     + f" | {step_us} | {tflops} | {ms(r.get('cudnn'))} | {ms(r.get('cudnn fp32'))} | "
+                     + f" | {step_us} | {tflops} | {peak} | {ms(r.get('cudnn'))} | {ms(r.get('cudnn fp32'))} | "
                      f"{ms(r.get('eager'))} | {ms(r.get('torch.compile'))} | {ratio} | {comp} |")
-    return "\n".join(lines) + "\n\nratio: cuDNN time (LSTM/GRU) or torch.compile time (custom cells) over halstm's best; > 1 is faster.\n"
+    peaks = {r["dtype"]: r["peak TFLOP/s"] for r in rows if "peak TFLOP/s" in r}
+    return ("\n".join(lines) + "\n\nratio: cuDNN time (LSTM/GRU) or torch.compile time (custom cells) over halstm's best; > 1 is faster.\n"
+            "% of peak: best TFLOP/s over this GPU's measured peak, torch.matmul of 8192 x 8192 (fp32 without TF32): "
+            + ", ".join(f"{d} {v} TFLOP/s" for d, v in peaks.items()) + ".\n")
 
 
 def plot(rows, path):
