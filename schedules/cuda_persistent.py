@@ -358,6 +358,9 @@ class _Kernel:
             if self.staged:
                 out.append((f"a_s{i}", g.row_tiles * g.tm * g.stride, g.operand_dtype, "shared.dyn"))
         out += [(f"x_s{i}", self.p.batch * C, "float32", "shared.dyn") for i, _, C in self.hoisted]
+        # two elements at least: TVM's merge of the shared allocations fails its check on a one-element
+        # buffer (ResetBeforeGRU at B=1, H=50: one unit a block, so g_s2 held one sum)
+        out = [(name, max(size, 2), dtype, scope) for name, size, dtype, scope in out]
         return out + [("acc", max(max(g.tm * g.tn, 4) for g in gemms), "float32", "local"),
                       ("a_r", max(g.tm for g in gemms) * VECTOR, "float32", "local"),
                       ("w_r", max(g.tn for g in gemms) * VECTOR, "float32", "local")]
