@@ -55,8 +55,9 @@ from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 
 # Largest batch at which ``recipes_for`` puts this recipe first. H100, 2026-11-22, register-tiled kernel
 # (docs/gpu-results.md, fourth run): faster than the step loop at B=1 (2.8-3.9x), B=16, H=512 (2.9-5.2x),
-# (T, B, H) = (1024, 16, 768) (2.9-5.8x) and B=64, H=1024 (1.1-2.3x, every cell, fp32 and fp16); B=256 is
-# not measured with it. A size rule only; the tuner measures both.
+# (T, B, H) = (1024, 16, 768) (2.9-5.8x) and B=64, H=1024 (1.1-2.3x, every cell, fp32 and fp16, before the
+# step loop's fp16 GEMMs ran on tensor cores: ``recipes_for`` has the rule for those); B=256 is not
+# measured with it. A size rule only; the tuner measures both.
 PREFERRED_MAX_BATCH = 64
 
 VECTOR = 4  # k a thread moves at once: operand staging, and shared memory to registers in the GEMM
