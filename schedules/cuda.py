@@ -140,10 +140,7 @@ class CudaStepLoop(Recipe):
             for gemm in gemms:
                 if (use_tensor_cores(k, program, rows if scope == "step" else None)
                         and copies_its_operand(sch, gemm)):
-                    tc_tile = tensor_core_tile(k).for_rows(rows)
-                    if scope == "step":
-                        tc_tile = tc_tile.filling(rows, int(sch.get(gemm).writes[0].source.shape[-1]), target.sms)
-                    gemm_tensorcore(sch, gemm, tc_tile, program.dtype)
+                    gemm_tensorcore(sch, gemm, tensor_core_tile(k).for_rows(rows), program.dtype)
                 else:
                     gemm_tiled(sch, gemm, tile, views)
             for block in merge_next_states(sch, sch.get_sblock(scope), elementwise):

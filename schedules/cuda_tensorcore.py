@@ -82,21 +82,6 @@ class TensorCoreTile:
         return TensorCoreTile(warps_m, self.warps_n, fm, self.fn, self.bk)
 
 
-    def filling(self, rows: int, cols: int, sms: int) -> "TensorCoreTile":
-        """The tile with its column extent halved (fragments first, then warps) while its grid over
-        rows x cols leaves half the SMs or more idle: the step GEMM at B=64, N=4096 made 64 blocks
-        of 64 x 64 for 132 SMs (the FFMA step GEMM, tiled so, ran at 5.8 TFLOP/s)."""
-        tile = self
-        while 2 * _blocks(tile, rows, cols) <= sms and (tile.fn > 1 or tile.warps_n > 1):
-            fn, warps_n = (tile.fn // 2, tile.warps_n) if tile.fn > 1 else (tile.fn, tile.warps_n // 2)
-            tile = TensorCoreTile(tile.warps_m, warps_n, tile.fm, fn, tile.bk)
-        return tile
-
-
-def _blocks(tile: TensorCoreTile, rows: int, cols: int) -> int:
-    return -(-rows // tile.bm) * -(-cols // tile.bn)
-
-
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 

@@ -175,14 +175,3 @@ def test_importing_the_recipes_skips_tvms_intrinsic_library():
     paid it, and CI's tuner tests timed out): the recipes bring their own WMMA intrinsics."""
     probe = "import sys, halstm.schedules; sys.exit('tvm.s_tir.tensor_intrin' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], cwd=tempfile.gettempdir()).returncode == 0
-
-
-def test_step_gemm_tensor_core_tile_fills_the_sms():
-    """The step GEMM's tensor-core tile narrows while half the SMs would sit idle (B=64, N=4096:
-    64 blocks of 64 x 64 for 132 SMs), and keeps its size where the grid already fills them."""
-    from halstm.schedules.cuda_tensorcore import TensorCoreTile
-
-    tile = TensorCoreTile(warps_m=2, warps_n=2, fm=2, fn=2, bk=32)
-    narrowed = tile.for_rows(64).filling(64, 4096, sms=132)
-    assert (narrowed.bm, narrowed.bn) == (64, 32) and narrowed.threads == tile.threads
-    assert tile.for_rows(256).filling(256, 4096, sms=132) == tile
