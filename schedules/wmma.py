@@ -101,12 +101,7 @@ def intrinsics(dtype: str, store_scope: str = "shared.dyn") -> dict[str, str]:
     init, compute, store."""
     pairs = {"load_a": _copy(dtype, "shared", "wmma.matrix_a"), "load_b": _copy(dtype, "shared", "wmma.matrix_b"),
              "init": _fill(), "compute": _mma(dtype), "store": _copy(_ACC, "wmma.accumulator", store_scope)}
-    names = {}
+    names = {role: f"halstm_wmma_{role}_{dtype}" + (f"_{store_scope}" if role == "store" else "") for role in pairs}
     for role, (desc, impl) in pairs.items():
-        names[role] = f"halstm_wmma_{role}_{dtype}_{store_scope}" if role == "store" else f"halstm_wmma_{role}_{dtype}"
-        TensorIntrin.register(names[role], _parse(desc), _parse(impl), override=True)
+        TensorIntrin.register(names[role], tvm.script.from_source(desc), tvm.script.from_source(impl), override=True)
     return names
-
-
-def _parse(source: str) -> tvm.tirx.PrimFunc:
-    return tvm.script.from_source(source)
