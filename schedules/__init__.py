@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from .recipe import Recipe
 from .cpu import CpuStepLoop
-from .cuda import TENSOR_CORE_DTYPES, CudaStepLoop
+from .cuda import CudaStepLoop
 from .cuda_persistent import PREFERRED_MAX_BATCH, CudaPersistent
-from .cuda_tensorcore import tensorize_works
+from .cuda_tensorcore import tensor_cores_available
 
 TENSOR_CORE_MIN_STEP = 64 * 1024
 
@@ -31,7 +31,7 @@ def recipes_for(program, target) -> list[Recipe]:
     (T=512) 7.8-8.1 ms against 5.7-7.2 and B=16, H=512 1.2-1.4 against 0.55-0.71."""
     found = [r for r in BUILTIN if r.is_applicable(program, target)]
     wide = program.batch * program.cell.hidden_size >= TENSOR_CORE_MIN_STEP
-    if program.batch > PREFERRED_MAX_BATCH or (wide and program.dtype in TENSOR_CORE_DTYPES and tensorize_works()):
+    if program.batch > PREFERRED_MAX_BATCH or (wide and tensor_cores_available(program.dtype, target)):
         found.sort(key=lambda r: isinstance(r, CudaPersistent))
     return found
 

@@ -35,13 +35,12 @@ from dataclasses import dataclass
 from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
 
-from .cuda_tensorcore import TensorCoreTile, copies_its_operand, gemm_tensorcore, tensorize_works
+from .cuda_tensorcore import TensorCoreTile, copies_its_operand, gemm_tensorcore, tensor_cores_available
 from .recipe import Recipe, child_blocks, inline_elementwise, is_pure_copy, merge_next_states
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 STATIC_SHARED = 48 * 1024  # "shared" scope allocations are static: at most 48 KiB a block
 VECTOR = 4  # elements a thread fetches at once into shared memory
-TENSOR_CORE_DTYPES = ("float16", "bfloat16")
 # the step GEMM uses tensor cores from one full 16-row fragment up: below, most of each mma_sync
 # would multiply padding rows, and the FFMA tile at small B is bound by latency, not arithmetic
 TENSOR_CORE_MIN_ROWS = 16
@@ -94,7 +93,7 @@ class CudaStepLoop(Recipe):
         """The tiles that run fit; knobs of a GEMM schedule that does not run stay at their first
         value (they would only repeat a candidate)."""
         size, threads = BYTES[program.dtype], target.max_threads
-        return (all(knobs[name] == self.knobs[name][0] for name in self._unused(program, knobs))
+        return (all(knobs[name] == self.knobs[name][0] for name in self._unused(program, target, knobs))
                 and step_tile(knobs, program.batch).fits(size, threads)  # the tile that runs
                 and hoisted_tile(knobs).fits(size, threads)
                 and tensor_core_tile(knobs).fits(size, threads))
@@ -105,7 +104,7 @@ class CudaStepLoop(Recipe):
         space = []
         for on in self.knobs["tensor_cores"]:
             first = {**self.defaults(program, target), "tensor_cores": on}
-            unused = self._unused(program, first)
+            unused = self._unused(program, target, first)
             if on != self.knobs["tensor_cores"][0] and "tensor_cores" in unused:
                 continue
             names = [n for n in self.knobs if n != "tensor_cores" and n not in unused]
@@ -115,12 +114,12 @@ class CudaStepLoop(Recipe):
                     space.append(k)
         return space
 
-    def _unused(self, program, knobs) -> tuple:
+    def _unused(self, program, target, knobs) -> tuple:
         """The knobs that change nothing here."""
-        if program.dtype not in TENSOR_CORE_DTYPES or not tensorize_works():
+        if not tensor_cores_available(program.dtype, target):
             return self._TENSOR_CORE + ("tensor_cores",)
-        step_tc = use_tensor_cores(knobs, program, program.batch)
-        if not use_tensor_cores(knobs, program):
+        step_tc = use_tensor_cores(knobs, program, target, program.batch)
+        if not use_tensor_cores(knobs, program, target):
             return self._TENSOR_CORE
         return self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else ())
 
@@ -138,7 +137,7 @@ class CudaStepLoop(Recipe):
                            if not (sch.get(b).name_hint in operands and is_pure_copy(sch, b))]
             rows = program.batch if scope == "step" else program.steps * program.batch
             for gemm in gemms:
-                if (use_tensor_cores(k, program, rows if scope == "step" else None)
+                if (use_tensor_cores(k, program, target, rows if scope == "step" else None)
                         and copies_its_operand(sch, gemm)):
                     gemm_tensorcore(sch, gemm, tensor_core_tile(k).for_rows(rows), program.dtype)
                 else:
@@ -188,10 +187,11 @@ def tensor_core_tile(knobs: dict) -> TensorCoreTile:
     return TensorCoreTile(knobs["tc_warps_m"], knobs["tc_warps_n"], knobs["tc_frags"], knobs["tc_frags"], knobs["tc_k"])
 
 
-def use_tensor_cores(knobs: dict, program, step_rows: int | None = None) -> bool:
-    """Whether a GEMM runs on tensor cores: fp16/bf16 operands, the knob on, TVM able to tensorize,
-    and for the step GEMM (``step_rows`` given) at least TENSOR_CORE_MIN_ROWS rows."""
-    return (knobs["tensor_cores"] and program.dtype in TENSOR_CORE_DTYPES and tensorize_works()
+def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None) -> bool:
+    """Whether a GEMM runs on tensor cores: the knob on, the target's tensor cores able to take the
+    dtype (tensor_cores_available), and for the step GEMM (``step_rows`` given) at least
+    TENSOR_CORE_MIN_ROWS rows."""
+    return (knobs["tensor_cores"] and tensor_cores_available(program.dtype, target)
             and (step_rows is None or step_rows >= TENSOR_CORE_MIN_ROWS))
 
 

@@ -32,6 +32,17 @@ VECTOR = 8  # 16-byte fetches of fp16/bf16 into shared memory
 STATIC_SHARED = 48 * 1024
 
 
+# WMMA with fp32 accumulation: fp16 fragments from Volta (sm_70), bf16 from Ampere (sm_80)
+MIN_ARCH = {"float16": 70, "bfloat16": 80}
+
+
+def tensor_cores_available(dtype: str, target) -> bool:
+    """Whether GEMMs of ``dtype`` operands can run on ``target``'s tensor cores here."""
+    if target.kind != "cuda" or dtype not in MIN_ARCH:
+        return False
+    return int("".join(c for c in target.arch if c.isdigit())) >= MIN_ARCH[dtype] and tensorize_works()
+
+
 @functools.cache
 def tensorize_works() -> bool:
     """Whether ``Schedule.tensorize`` can run here. It copies the intrinsic through JSON, and with

@@ -39,10 +39,10 @@ def test_generates_cuda(cell, dtype, recipe, tmp_path):
     assert_nvcc_compiles(module.imports[0].inspect_source(), tmp_path)
 
 
-def assert_nvcc_compiles(source: str, folder) -> None:
+def assert_nvcc_compiles(source: str, folder, arch: str = "sm_90") -> None:
     path = folder / "module.cu"
     path.write_text(source)
-    nvcc = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-w", "-o", str(folder / "module.cubin"), str(path)],
+    nvcc = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-w", "-o", str(folder / "module.cubin"), str(path)],
                           capture_output=True, text=True)
     assert nvcc.returncode == 0, nvcc.stderr[-2000:]
 
@@ -142,6 +142,19 @@ def test_fp16_and_bf16_gemms_run_on_tensor_cores(dtype, shape, tmp_path):
     kernels = source.split("__global__")[1:]
     assert sum("wmma::mma_sync" in k for k in kernels) == 2, "the hoisted and the step GEMM"
     assert_nvcc_compiles(source, tmp_path)
+
+
+@tensor_cores
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("dtype, wmma", [("float16", True), ("bfloat16", False)])
+def test_tensor_cores_only_where_the_arch_has_them(dtype, wmma, tmp_path):
+    """A Turing GPU (sm_75) has fp16 WMMA but no bf16 fragments (Ampere on): bf16 stays on FFMA
+    there, and the module compiles for it."""
+    turing = CudaTarget("sm_75", sms=40, shared_memory=64 * 1024)
+    f = halstm.compile(halstm.LSTM(64, 64), 8, 16, dtype, target=turing, recipe="cuda-step-loop")
+    source = f.module.mod.imports[0].inspect_source()
+    assert ("wmma::mma_sync" in source) == wmma
+    assert_nvcc_compiles(source, tmp_path, "sm_75")
 
 
 @tensor_cores
