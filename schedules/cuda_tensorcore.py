@@ -30,8 +30,6 @@ from .wmma import FRAG, intrinsics
 WARP = 32
 VECTOR = 8  # 16-byte fetches of fp16/bf16 into shared memory
 STATIC_SHARED = 48 * 1024
-
-
 # WMMA with fp32 accumulation: fp16 fragments from Volta (sm_70), bf16 from Ampere (sm_80)
 MIN_ARCH = {"float16": 70, "bfloat16": 80}
 
