@@ -132,6 +132,21 @@ def timed(fn, warm=3, reps=10):
     return float(np.median(times))
 
 
+def graphed(fn):
+    """``fn`` captured once as a CUDA graph (after a warm-up on a side stream, as torch asks);
+    returns its replay. halstm launches on torch's current stream, so the capture sees its kernels."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def measured_peak(dtype: str, n: int = 8192) -> float:
     """TFLOP/s of torch.matmul of two n x n matrices: fp32 without TF32 (torch's default for matmul)
     is the FFMA peak halstm's fp32 GEMMs can reach, fp16/bf16 the tensor cores' peak."""
@@ -162,7 +177,7 @@ def bench_jobs(shapes, dtypes, target, every_recipe):
             if applicable(name, T, B, H, H, dtype, recipe, target, every_recipe)]
 
 
-def bench(built, shapes, dtypes, use_compile, out):
+def bench(built, shapes, dtypes, use_compile, use_graphs, out):
     rows = []
     peaks = {dtype: round(measured_peak(dtype), 1) for dtype in dtypes}
     for T, B, H in shapes:
@@ -182,6 +197,13 @@ def bench(built, shapes, dtypes, use_compile, out):
                         row[f"{recipe} prepared"] = timed(f.prepare(x, p, s))  # without argument checks
                     except Exception as e:
                         row[f"{recipe} error"] = str(e).splitlines()[-1][:200]
+                        continue
+                    if not use_graphs:
+                        continue
+                    try:  # an experiment: what replaying the call's launches as a CUDA graph would save
+                        row[f"{recipe} graphed"] = timed(graphed(lambda: f(x, p, s)))
+                    except Exception as e:
+                        row[f"{recipe} graph error"] = str(e).splitlines()[-1][:200]
                 if name in ("LSTM", "GRU"):
                     mod = getattr(torch.nn, name)(H, H).cuda().to(getattr(torch, dtype))
                     mod.load_state_dict({f"{k}_l0": v for k, v in p.items()})
@@ -231,8 +253,9 @@ def gemm_flops(row) -> int:
 def table(rows, device):
     lines = [f"GPU: {device}", "",
              "| T | B | H | cell | dtype | " + " | ".join(f"{r} ms" for r in RECIPES)
+             + " | " + " | ".join(f"{r} graphed ms" for r in RECIPES)
              + " | best us/step | best TFLOP/s | % of peak | cuDNN ms | cuDNN no-TF32 ms | eager ms | torch.compile ms | ratio cuDNN/best | halstm compile s |",
-             "|" + "---|" * (14 + len(RECIPES))]
+             "|" + "---|" * (14 + 2 * len(RECIPES))]
     for r in rows:
         ours = [r.get(k) for k in RECIPES if r.get(k) is not None]
         best = min(ours) if ours else None
@@ -245,10 +268,12 @@ def table(rows, device):
         tflops = "-" if tflops is None else f"{tflops:.1f}"
         lines.append(f"| {r['T']} | {r['B']} | {r['H']} | {r['cell']} | {r['dtype']} | "
                      + " | ".join(ms(r.get(k)) for k in RECIPES)
+                     + " | " + " | ".join(ms(r.get(f"{k} graphed")) for k in RECIPES)
                      + f" | {step_us} | {tflops} | {peak} | {ms(r.get('cudnn'))} | {ms(r.get('cudnn fp32'))} | "
                      f"{ms(r.get('eager'))} | {ms(r.get('torch.compile'))} | {ratio} | {comp} |")
     peaks = {r["dtype"]: r["peak TFLOP/s"] for r in rows if "peak TFLOP/s" in r}
     return ("\n".join(lines) + "\n\nratio: cuDNN time (LSTM/GRU) or torch.compile time (custom cells) over halstm's best; > 1 is faster.\n"
+            "graphed: the same call captured once as a CUDA graph and replayed (not halstm's API; an experiment). "
             "% of peak: best TFLOP/s over this GPU's measured peak, torch.matmul of 8192 x 8192 (fp32 without TF32): "
             + ", ".join(f"{d} {v} TFLOP/s" for d, v in peaks.items()) + ".\n")
 
@@ -283,6 +308,8 @@ def main():
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (20-30 s a cell)")
     ap.add_argument("--every-recipe", action="store_true",
                     help=f"time the persistent kernel beyond B={PREFERRED_MAX_BATCH} too")
+    ap.add_argument("--graphs", action="store_true",
+                    help="also time each call captured as a CUDA graph (an experiment; a failed capture may upset the run)")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness checks at T=3, B=2")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
                     help="processes compiling halstm functions")
@@ -293,7 +320,7 @@ def main():
     jobs = ([] if args.no_check else check_jobs()) + bench_jobs(shapes, args.dtypes.split(","), target, args.every_recipe)
     built = Built(jobs, target, args.workers)
     checks = [] if args.no_check else check(built)
-    rows = bench(built, shapes, args.dtypes.split(","), not args.no_compile, args.out)
+    rows = bench(built, shapes, args.dtypes.split(","), not args.no_compile, args.graphs, args.out)
     text = "## Correctness (T=3, B=2, I=20, H=24, relative norm error vs float64)\n\n| cell | dtype | recipe | error | ok |\n|---|---|---|---|---|\n"
     text += "\n".join(f"| {a} | {b} | {c} | {d if isinstance(d, str) else f'{d:.1e}'} | {e} |" for a, b, c, d, e in checks)
     text += "\n\n## Timing (median of 10 after warm-up, CUDA events; eager: median of 3)\n\n" + table(rows, target.name)
