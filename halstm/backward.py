@@ -163,8 +163,7 @@ def _param_args(cell: Cell, dtype: str) -> list[Arg]:
 
 
 def _function(plan: Plan, steps, batch, dtype, layout, frame: Skeleton, loop: str) -> Program:
-    func = tvm.script.from_source(frame.source(loop))
-    return Program(plan.cell, plan, steps, batch, dtype, layout, func, frame.args)
+    return Program(plan.cell, plan, steps, batch, dtype, layout, frame.source(loop), frame.args)
 
 
 # --- bptt: the reversed time loop --------------------------------------------------------------
