@@ -62,3 +62,14 @@ def test_gpu_recipe_preference_follows_the_measured_sizes():
     assert first(64, 1024, "float32") == first(64, 512, "float16") == "cuda-persistent"
     assert first(128, 256, "float32") == "cuda-step-loop"
     assert first(64, 1024, "float16") == ("cuda-step-loop" if tensorize_works() else "cuda-persistent")
+
+
+def test_compile_parses_the_lowered_function_once(monkeypatch):
+    """Parsing the TVMScript is most of lowering: compile lowers a second time for the recipe's
+    weight layout, and only that program is parsed."""
+    import tvm
+
+    parse, parsed = tvm.script.from_source, []
+    monkeypatch.setattr(tvm.script, "from_source", lambda source: parsed.append(source) or parse(source))
+    f = halstm.compile(halstm.LSTM(8, 16), 3, 2, target=TARGET, database=False)
+    assert f.program.layout == PackedLayout(tile=16) and len(parsed) == 1
