@@ -53,6 +53,15 @@ from halstm.lowering import indent, skeleton
 from .cuda import BYTES, CudaStepLoop, bind_flat, gemm_tiled, hoisted_tile
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 
+# Bytes every shared buffer has at least. TVM's merge of the shared allocations
+# (MergeSharedMemoryAllocations) gives no offset to one of 32 bits or less: its planner keeps such
+# "small arrays" (meant for registers) out of the free lists whose entries it lays out, and rewriting
+# their accesses then fails its check (merge_shared_memory_allocations.cc:684). Only the float32 sums
+# and the input projection can be that small (weight and operand rows hold 2 * VECTOR elements at
+# least), and setup zeroes all of those, so TVM's compaction of a buffer to the region its accesses
+# touch keeps the padding.
+MIN_SHARED_BYTES = 8
+
 # Largest batch at which ``recipes_for`` puts this recipe first. H100, 2026-11-22, register-tiled kernel
 # (docs/gpu-results.md, fourth run): faster than the step loop at B=1 (2.8-3.9x), B=16, H=512 (2.9-5.2x),
 # (T, B, H) = (1024, 16, 768) (2.9-5.8x) and B=64, H=1024 (1.1-2.3x, every cell, fp32 and fp16, before the
@@ -231,15 +240,7 @@ class _Kernel:
 
     # --- sizes -------------------------------------------------------------------------------
     def shared_bytes(self) -> int:
-        total = 0
-        for g in (b for b in self.blocks if isinstance(b, _Gemm)):
-            total += g.C * g.stride * BYTES[self.p.dtype]  # weights
-            total += g.split * g.partial_stride * 4
-            if g.split > 1:
-                total += g.B * g.C * 4
-            if self.staged:
-                total += g.row_tiles * g.tm * g.stride * BYTES[g.operand_dtype]
-        return total + sum(self.p.batch * C * 4 for *_, C in self.hoisted)
+        return sum(size * BYTES[dtype] for _, size, dtype, scope in self.buffers() if scope == "shared.dyn")
 
     # --- text --------------------------------------------------------------------------------
     def global_column(self, c: str) -> str:
@@ -359,9 +360,9 @@ class _Kernel:
             if self.staged:
                 out.append((f"a_s{i}", g.row_tiles * g.tm * g.stride, g.operand_dtype, "shared.dyn"))
         out += [(f"x_s{i}", self.p.batch * C, "float32", "shared.dyn") for i, _, C in self.hoisted]
-        # two elements at least: TVM's merge of the shared allocations fails its check on a one-element
-        # buffer (ResetBeforeGRU at B=1, H=50: one unit a block, so g_s2 held one sum)
-        out = [(name, max(size, 2), dtype, scope) for name, size, dtype, scope in out]
+        # MIN_SHARED_BYTES at least (ResetBeforeGRU at B=1, H=50: one unit a block, g_s2 holds one sum)
+        out = [(name, max(size, -(-MIN_SHARED_BYTES // BYTES[dtype])), dtype, scope)
+               for name, size, dtype, scope in out]
         return out + [("acc", max(max(g.tm * g.tn, 4) for g in gemms), "float32", "local"),
                       ("a_r", max(g.tm for g in gemms) * VECTOR, "float32", "local"),
                       ("w_r", max(g.tn for g in gemms) * VECTOR, "float32", "local")]
