@@ -96,12 +96,12 @@ for i, j, k in T.grid(16, 16, 16):
 
 
 @functools.cache
-def intrinsics(dtype: str, store_scope: str = "shared.dyn") -> dict[str, str]:
+def intrinsics(dtype: str) -> dict[str, str]:
     """Register (once) and name the intrinsics for ``dtype`` operands: roles load_a, load_b,
     init, compute, store."""
     pairs = {"load_a": _copy(dtype, "shared", "wmma.matrix_a"), "load_b": _copy(dtype, "shared", "wmma.matrix_b"),
-             "init": _fill(), "compute": _mma(dtype), "store": _copy(_ACC, "wmma.accumulator", store_scope)}
-    names = {role: f"halstm_wmma_{role}_{dtype}" + (f"_{store_scope}" if role == "store" else "") for role in pairs}
+             "init": _fill(), "compute": _mma(dtype), "store": _copy(_ACC, "wmma.accumulator", "shared.dyn")}
+    names = {role: f"halstm_wmma_{role}_{dtype}" for role in pairs}
     for role, (desc, impl) in pairs.items():
         TensorIntrin.register(names[role], tvm.script.from_source(desc), tvm.script.from_source(impl), override=True)
     return names
