@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from .recipe import Recipe
 from .cpu import CpuStepLoop
-from .cuda import CudaStepLoop
+from .cuda import CudaStepLoop, step_gemm_on_tensor_cores
 from .cuda_persistent import PREFERRED_MAX_BATCH, CudaPersistent
-from .cuda_tensorcore import tensor_cores_available
 
 TENSOR_CORE_MIN_STEP = 64 * 1024
 
@@ -22,8 +21,8 @@ BUILTIN = (CpuStepLoop(), CudaPersistent(), CudaStepLoop())
 def recipes_for(program, target) -> list[Recipe]:
     """The built-in recipes that apply to ``program`` on ``target``, preferred first: the persistent
     kernel goes last above ``PREFERRED_MAX_BATCH`` rows, and from ``TENSOR_CORE_MIN_STEP`` B x H
-    for fp16/bf16 when the step loop's GEMMs run on tensor cores (it still applies there; the
-    tuner and the benchmark measure it).
+    when the step loop's step GEMM runs on tensor cores (it still applies there; the tuner and the
+    benchmark measure it).
 
     H100, 2026-11-22 (docs/gpu-results.md, fifth run), fp16, step loop on tensor cores against the
     persistent kernel: B=64, H=1024 2.7-2.8 ms against 3.7-4.5 (LSTM, GRU, PeepholeLSTM; not
@@ -31,7 +30,7 @@ def recipes_for(program, target) -> list[Recipe]:
     (T=512) 7.8-8.1 ms against 5.7-7.2 and B=16, H=512 1.2-1.4 against 0.55-0.71."""
     found = [r for r in BUILTIN if r.is_applicable(program, target)]
     wide = program.batch * program.cell.hidden_size >= TENSOR_CORE_MIN_STEP
-    if program.batch > PREFERRED_MAX_BATCH or (wide and tensor_cores_available(program.dtype, target)):
+    if program.batch > PREFERRED_MAX_BATCH or (wide and step_gemm_on_tensor_cores(program, target)):
         found.sort(key=lambda r: isinstance(r, CudaPersistent))
     return found
 

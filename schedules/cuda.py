@@ -3,8 +3,7 @@ elementwise kernel per stage, launched from the compiled host loop over t (no Py
 
 fp16/bf16 GEMMs run on tensor cores (WMMA, fp32 accumulation; cuda_tensorcore.py, knob
 "tensor_cores"): the hoisted one always, the step's from B >= 16 rows and when its operand is a
-state (not a computed r * h); ragged shapes are zero-padded. Not yet run on a GPU. The others use
-the FFMA schedule below.
+state (not a computed r * h); ragged shapes are zero-padded. The others use the FFMA schedule below.
 
 FFMA GEMMs (the hoisted one and the step's) share one tiled schedule, C[M, N] = A[M, K] @ W[K, N] with W
 the packed (K, N) weights:
@@ -39,7 +38,6 @@ from .cuda_tensorcore import TensorCoreTile, copies_its_operand, gemm_tensorcore
 from .recipe import Recipe, child_blocks, inline_elementwise, is_pure_copy, merge_next_states
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-STATIC_SHARED = 48 * 1024  # "shared" scope allocations are static: at most 48 KiB a block
 VECTOR = 4  # elements a thread fetches at once into shared memory
 # the step GEMM uses tensor cores from one full 16-row fragment up: below, most of each mma_sync
 # would multiply padding rows, and the FFMA tile at small B is bound by latency, not arithmetic
@@ -92,11 +90,11 @@ class CudaStepLoop(Recipe):
     def valid(self, program, target, knobs) -> bool:
         """The tiles that run fit; knobs of a GEMM schedule that does not run stay at their first
         value (they would only repeat a candidate)."""
-        size, threads = BYTES[program.dtype], target.max_threads
+        size = BYTES[program.dtype]
         return (all(knobs[name] == self.knobs[name][0] for name in self._unused(program, target, knobs))
-                and step_tile(knobs, program.batch).fits(size, threads)  # the tile that runs
-                and hoisted_tile(knobs).fits(size, threads)
-                and tensor_core_tile(knobs).fits(size, threads))
+                and step_tile(knobs, program.batch).fits(size, target)  # the tile that runs
+                and hoisted_tile(knobs).fits(size, target)
+                and tensor_core_tile(knobs).fits(size, target))
 
     def space(self, program, target) -> list[dict]:
         """As Recipe.space, but the unused knobs are not enumerated (the full product is 500K
@@ -164,10 +162,10 @@ class GemmTile:
     def blocks(self, rows: int, cols: int) -> int:
         return -(-rows // self.bm) * -(-cols // self.bn)
 
-    def fits(self, size: int, max_threads: int) -> bool:
+    def fits(self, size: int, target) -> bool:
         shared = (self.bm + self.bn) * self.bk * size
-        return (self.bm % self.tm == 0 and self.bn % self.tn == 0 and 32 <= self.threads <= max_threads
-                and self.tm * self.tn <= 64 and shared <= STATIC_SHARED)
+        return (self.bm % self.tm == 0 and self.bn % self.tn == 0 and 32 <= self.threads <= target.max_threads
+                and self.tm * self.tn <= 64 and shared <= target.static_shared_memory)
 
 
 def step_tile(knobs: dict, batch: int) -> GemmTile:
@@ -193,6 +191,12 @@ def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None)
     TENSOR_CORE_MIN_ROWS rows."""
     return (knobs["tensor_cores"] and tensor_cores_available(program.dtype, target)
             and (step_rows is None or step_rows >= TENSOR_CORE_MIN_ROWS))
+
+
+def step_gemm_on_tensor_cores(program, target) -> bool:
+    """Whether the default knobs put the step GEMM on tensor cores."""
+    return (tensor_cores_available(program.dtype, target)
+            and use_tensor_cores(CudaStepLoop().defaults(program, target), program, target, program.batch))
 
 
 def _pow2_at_least(n: int) -> int:

@@ -29,7 +29,6 @@ from .wmma import FRAG, intrinsics
 
 WARP = 32
 VECTOR = 8  # 16-byte fetches of fp16/bf16 into shared memory
-STATIC_SHARED = 48 * 1024
 # WMMA with fp32 accumulation: fp16 fragments from Volta (sm_70), bf16 from Ampere (sm_80)
 MIN_ARCH = {"float16": 70, "bfloat16": 80}
 
@@ -38,7 +37,7 @@ def tensor_cores_available(dtype: str, target) -> bool:
     """Whether GEMMs of ``dtype`` operands can run on ``target``'s tensor cores here."""
     if target.kind != "cuda" or dtype not in MIN_ARCH:
         return False
-    return int("".join(c for c in target.arch if c.isdigit())) >= MIN_ARCH[dtype] and tensorize_works()
+    return target.compute_capability >= MIN_ARCH[dtype] and tensorize_works()
 
 
 @functools.cache
@@ -76,8 +75,8 @@ class TensorCoreTile:
         """A and W tiles (rows padded by VECTOR elements against bank conflicts) and the fp32 C tile."""
         return (self.bm * (self.bk + VECTOR) + self.bk * (self.bn + VECTOR)) * size + self.bm * (self.bn + 4) * 4
 
-    def fits(self, size: int, max_threads: int) -> bool:
-        return self.threads <= max_threads and self.shared_bytes(size) <= STATIC_SHARED
+    def fits(self, size: int, target) -> bool:
+        return self.threads <= target.max_threads and self.shared_bytes(size) <= target.static_shared_memory
 
     def for_rows(self, rows: int) -> "TensorCoreTile":
         """The tile with its row extent shrunk (fragments first, then warps) while it exceeds the

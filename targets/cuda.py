@@ -23,6 +23,12 @@ class CudaTarget:
     name: str = ""
 
     kind = "cuda"
+    static_shared_memory = 48 * 1024  # per block, for "shared" scope (static) allocations
+
+    @property
+    def compute_capability(self) -> int:
+        """The architecture as a number: 90 for sm_90 (and sm_90a)."""
+        return int("".join(c for c in self.arch if c.isdigit()))
 
     @classmethod
     def detect(cls, index: int = 0) -> CudaTarget:

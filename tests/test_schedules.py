@@ -62,6 +62,8 @@ def test_gpu_recipe_preference_follows_the_measured_sizes():
     assert first(64, 1024, "float32") == first(64, 512, "float16") == "cuda-persistent"
     assert first(128, 256, "float32") == "cuda-step-loop"
     assert first(64, 1024, "float16") == ("cuda-step-loop" if tensorize_works() else "cuda-persistent")
+    cpu = halstm.lower(halstm.LSTM(1024, 1024), 2, 64, "float16")
+    assert [r.name for r in recipes_for(cpu, TARGET)] == ["cpu-step-loop"]
 
 
 def test_compile_parses_the_lowered_function_once(monkeypatch):
