@@ -72,8 +72,11 @@ class CudaTarget:
         # TVM's common-subexpression pass hands a step's row offset (t * B * H) to the kernel as an
         # opaque argument; the code generator then cannot prove a 16-byte load through a state's
         # row view aligned and gathers instead (for fp16, a make_uint4 of eight halves that nvcc
-        # rejects). nvcc eliminates common subexpressions itself.
-        with tvm.transform.PassContext(config={"tirx.disable_cse_tir": True}):
+        # rejects). nvcc eliminates common subexpressions itself. The caller's context (opt level,
+        # instruments, other config) stays in force.
+        outer = tvm.transform.PassContext.current()
+        with tvm.transform.PassContext(outer.opt_level, list(outer.required_pass), list(outer.disabled_pass),
+                                       list(outer.instruments), {**outer.config, "tirx.disable_cse_tir": True}):
             return self._build(mod, cooperative)
 
     def _build(self, mod: tvm.IRModule, cooperative: bool):

@@ -188,3 +188,18 @@ def test_importing_the_recipes_skips_tvms_intrinsic_library():
     paid it, and CI's tuner tests timed out): the recipes bring their own WMMA intrinsics."""
     probe = "import sys, halstm.schedules; sys.exit('tvm.s_tir.tensor_intrin' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], cwd=tempfile.gettempdir()).returncode == 0
+
+
+def test_cuda_build_keeps_the_callers_pass_context():
+    """The build's own setting (no TIR CSE) joins the caller's pass context instead of replacing it:
+    a pass instrument set around halstm.compile sees the lowering passes."""
+    seen = []
+
+    @tvm.ir.instrument.pass_instrument
+    class Names:
+        def run_before_pass(self, mod, info):
+            seen.append(info.name)
+
+    with tvm.transform.PassContext(instruments=[Names()]):
+        halstm.compile(halstm.LSTM(8, 8), 2, 2, target=H100, recipe="cuda-step-loop")
+    assert any("FlattenBuffer" in name for name in seen), seen[:10]
