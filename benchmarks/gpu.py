@@ -251,11 +251,11 @@ def gemm_flops(row) -> int:
 
 
 def table(rows, device):
+    graphed = [f"{k} graphed" for k in RECIPES if any(f"{k} graphed" in r for r in rows)]  # --graphs
     lines = [f"GPU: {device}", "",
-             "| T | B | H | cell | dtype | " + " | ".join(f"{r} ms" for r in RECIPES)
-             + " | " + " | ".join(f"{r} graphed ms" for r in RECIPES)
+             "| T | B | H | cell | dtype | " + " | ".join(f"{k} ms" for k in RECIPES + graphed)
              + " | best us/step | best TFLOP/s | % of peak | cuDNN ms | cuDNN no-TF32 ms | eager ms | torch.compile ms | ratio cuDNN/best | halstm compile s |",
-             "|" + "---|" * (14 + 2 * len(RECIPES))]
+             "|" + "---|" * (14 + len(RECIPES) + len(graphed))]
     for r in rows:
         ours = [r.get(k) for k in RECIPES if r.get(k) is not None]
         best = min(ours) if ours else None
@@ -267,15 +267,15 @@ def table(rows, device):
         peak = "-" if tflops is None or "peak TFLOP/s" not in r else f"{100 * tflops / r['peak TFLOP/s']:.0f}"
         tflops = "-" if tflops is None else f"{tflops:.1f}"
         lines.append(f"| {r['T']} | {r['B']} | {r['H']} | {r['cell']} | {r['dtype']} | "
-                     + " | ".join(ms(r.get(k)) for k in RECIPES)
-                     + " | " + " | ".join(ms(r.get(f"{k} graphed")) for k in RECIPES)
+                     + " | ".join(ms(r.get(k)) for k in RECIPES + graphed)
                      + f" | {step_us} | {tflops} | {peak} | {ms(r.get('cudnn'))} | {ms(r.get('cudnn fp32'))} | "
                      f"{ms(r.get('eager'))} | {ms(r.get('torch.compile'))} | {ratio} | {comp} |")
     peaks = {r["dtype"]: r["peak TFLOP/s"] for r in rows if "peak TFLOP/s" in r}
     return ("\n".join(lines) + "\n\nratio: cuDNN time (LSTM/GRU) or torch.compile time (custom cells) over halstm's best; > 1 is faster.\n"
-            "graphed: the same call captured once as a CUDA graph and replayed (not halstm's API; an experiment). "
-            "% of peak: best TFLOP/s over this GPU's measured peak, torch.matmul of 8192 x 8192 (fp32 without TF32): "
-            + ", ".join(f"{d} {v} TFLOP/s" for d, v in peaks.items()) + ".\n")
+            + ("graphed: the same call captured once as a CUDA graph and replayed (not halstm's API; an experiment). "
+               if graphed else "")
+            + ("% of peak: best TFLOP/s over this GPU's measured peak, torch.matmul of 8192 x 8192 (fp32 without TF32): "
+               + ", ".join(f"{d} {v} TFLOP/s" for d, v in peaks.items()) + ".\n" if peaks else ""))
 
 
 def plot(rows, path):
@@ -317,10 +317,11 @@ def main():
     target = CudaTarget.detect()
     print(target, flush=True)
     shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else []
-    jobs = ([] if args.no_check else check_jobs()) + bench_jobs(shapes, args.dtypes.split(","), target, args.every_recipe)
+    dtypes = args.dtypes.split(",")
+    jobs = ([] if args.no_check else check_jobs()) + bench_jobs(shapes, dtypes, target, args.every_recipe)
     built = Built(jobs, target, args.workers)
     checks = [] if args.no_check else check(built)
-    rows = bench(built, shapes, args.dtypes.split(","), not args.no_compile, args.graphs, args.out)
+    rows = bench(built, shapes, dtypes, not args.no_compile, args.graphs, args.out)
     text = "## Correctness (T=3, B=2, I=20, H=24, relative norm error vs float64)\n\n| cell | dtype | recipe | error | ok |\n|---|---|---|---|---|\n"
     text += "\n".join(f"| {a} | {b} | {c} | {d if isinstance(d, str) else f'{d:.1e}'} | {e} |" for a, b, c, d, e in checks)
     text += "\n\n## Timing (median of 10 after warm-up, CUDA events; eager: median of 3)\n\n" + table(rows, target.name)
