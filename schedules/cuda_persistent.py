@@ -16,6 +16,11 @@ dtype. Then per step and stage:
                           consecutive chunks; more tiles than threads: in rounds); each thread's
                           tile to shared memory
     __syncthreads
+      or on tensor cores  (fp16/bf16, knob "tensor_cores") warp (tile, part): a 16 x 16 output tile
+                          in a WMMA accumulator, over the 16-wide k fragments part, part + S, ...
+                          (S split-K parts over the warps; the batch padded to 16 rows with zeros,
+                          the columns to 16), stored to shared memory (store_matrix_sync)
+    __syncthreads
     split-K sum           one thread per output adds the S partial tiles (when S > 1); __syncthreads
     fused elementwise     the expression of the cell's own block, printed from the step program, its
                           GEMM columns read from shared memory
@@ -50,17 +55,19 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import indent, skeleton
 
-from .cuda import BYTES, CudaStepLoop, bind_flat, gemm_tiled, hoisted_tile
+from .cuda import BYTES, TENSOR_CORE_MIN_ROWS, CudaStepLoop, bind_flat, gemm_tiled, hoisted_tile
+from .cuda_tensorcore import tensor_cores_available
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
+from .wmma import FRAG
 
-# Bytes every shared buffer has at least. TVM's merge of the shared allocations
-# (MergeSharedMemoryAllocations) gives no offset to one of 32 bits or less: its planner keeps such
-# "small arrays" (meant for registers) out of the free lists whose entries it lays out, and rewriting
-# their accesses then fails its check (merge_shared_memory_allocations.cc:684). Only the float32 sums
-# and the input projection can be that small (weight and operand rows hold 2 * VECTOR elements at
-# least), and setup zeroes all of those, so TVM's compaction of a buffer to the region its accesses
-# touch keeps the padding.
-MIN_SHARED_BYTES = 8
+# Every shared buffer's size is a multiple of this many bytes. TVM merges the shared allocations
+# (MergeSharedMemoryAllocations) back to back, so each then starts 32-byte aligned, as the WMMA
+# fragment loads and stores need. It also keeps buffers above 32 bits: TVM's merge gives no offset to
+# one of 32 bits or less (its planner keeps such "small arrays", meant for registers, out of the free
+# lists it lays out, and rewriting their accesses fails its check, merge_shared_memory_allocations.cc:684;
+# ResetBeforeGRU at B=1, H=50 has a one-float split-K sum). Setup zeroes every buffer whole, so TVM's
+# compaction of a buffer to the region its accesses touch keeps the padding.
+SHARED_GRANULE = 32
 
 # Largest batch at which ``recipes_for`` puts this recipe first. H100, 2026-11-22, register-tiled kernel
 # (docs/gpu-results.md, fourth run): faster than the step loop at B=1 (2.8-3.9x), B=16, H=512 (2.9-5.2x),
@@ -86,31 +93,49 @@ class CudaPersistent(Recipe):
         "tile_rows": (4, 2, 1, 8),
         "tile_cols": (4, 2, 8, 1),
         "max_split": (32, 8, 128),
+        # the step GEMM on tensor cores (fp16/bf16; the register tile's knobs then change nothing)
+        "tensor_cores": (True, False),
     }
     build_options = {"cooperative": True}
 
     def defaults(self, program, target) -> dict:
         """The fewest units that keep the grid within the SMs (the largest grid); the largest row tile
-        within the batch; the largest column tile that divides the block's columns."""
+        within the batch; the largest column tile that divides the block's columns; tensor cores
+        where the dtype and arch allow them and the batch fills a fragment's 16 rows."""
         H, B = program.cell.hidden_size, program.batch
         k = super().defaults(program, target)
         k["units"] = next(u for u in range(1, H + 1) if H % u == 0 and H // u <= target.sms)
-        k["tile_rows"] = max(t for t in (4, 2, 1) if t <= B)
-        columns = _widest(program) // H * k["units"]
-        k["tile_cols"] = max(t for t in (4, 2, 1) if columns % t == 0)
+        k.update(_register_tile(program, k["units"]))
+        k["tensor_cores"] = tensor_cores_available(program.dtype, target) and B >= TENSOR_CORE_MIN_ROWS
+        if k["tensor_cores"] and not self.valid(program, target, k):  # the operand does not fit on chip
+            k["tensor_cores"] = False
         return k
 
     def valid(self, program, target, knobs) -> bool:
-        """Co-resident (a grid of at most the SMs), whole units, a tile that runs as chosen (no
-        more rows than the batch, columns dividing the block's), registers and shared memory."""
+        """Co-resident (a grid of at most the SMs), whole units, a register tile that runs as chosen
+        (no more rows than the batch, columns dividing the block's) or tensor cores that take the
+        dtype, registers and shared memory (tensor cores need the operand there)."""
         H, B, U = program.cell.hidden_size, program.batch, knobs["units"]
         if H % U or H // U > target.sms or knobs["threads"] > target.max_threads:
             return False
         tm, tn = knobs["tile_rows"], knobs["tile_cols"]
-        if tm > B or (_widest(program) // H * U) % tn or tm * tn + (tm + tn) * VECTOR > MAX_TILE_REGISTERS:
+        if knobs["tensor_cores"]:
+            if not tensor_cores_available(program.dtype, target):
+                return False
+        elif tm > B or (_widest(program) // H * U) % tn:
             return False
-        kernel = _Kernel.plan(program, target, knobs)
-        return kernel is not None and kernel.shared_bytes() <= target.shared_memory
+        return tm * tn + (tm + tn) * VECTOR <= MAX_TILE_REGISTERS and _Kernel.plan(program, target, knobs) is not None
+
+    def space(self, program, target) -> list[dict]:
+        """As Recipe.space, but on tensor cores one register tile only (the first valid): there it
+        changes nothing, or only a computed operand's FFMA GEMM (ResetBeforeGRU's r * h)."""
+        seen, out = set(), []
+        for k in super().space(program, target):
+            key = tuple((n, v) for n, v in k.items() if not (k["tensor_cores"] and n in ("tile_rows", "tile_cols")))
+            if key not in seen:
+                seen.add(key)
+                out.append(k)
+        return out
 
     def is_applicable(self, program, target) -> bool:
         return target.kind == "cuda" and self.valid(program, target, self.defaults(program, target))
@@ -118,7 +143,7 @@ class CudaPersistent(Recipe):
     def apply(self, program, target, **knobs) -> Schedule | None:
         k = self.resolve(program, target, knobs)
         kernel = _Kernel.plan(program, target, k)
-        if kernel is None or kernel.shared_bytes() > target.shared_memory:
+        if kernel is None:
             return None
         sch = Schedule(tvm.IRModule({"main": kernel.func()}))
         step = CudaStepLoop().defaults(program, target)
@@ -135,9 +160,18 @@ def _widest(program) -> int:
     return max((g.rows for stage in program.plan.stages for g in stage), default=program.cell.hidden_size)
 
 
+def _register_tile(program, units: int) -> dict:
+    """The FFMA GEMM's default register tile: the largest row tile within the batch, the largest
+    column tile that divides a block's columns."""
+    columns = _widest(program) // program.cell.hidden_size * units
+    return {"tile_rows": max(t for t in (4, 2, 1) if t <= program.batch),
+            "tile_cols": max(t for t in (4, 2, 1) if columns % t == 0)}
+
+
 @dataclass
 class _Gemm:
-    """One step GEMM as a block computes it: B x C outputs (its units' columns of every gate) over K."""
+    """One step GEMM as a block computes it: B x C outputs (its units' columns of every gate) over K,
+    in tiles of tm x tn: a thread's registers (FFMA), or a warp's 16 x 16 fragment (tensor cores)."""
 
     index: int  # w_packed{index}, buffers *{index}
     name: str
@@ -150,20 +184,41 @@ class _Gemm:
     tn: int
     split: int  # S
     threads: int
+    tensor_cores: bool = False
 
     @classmethod
-    def sized(cls, index, gemm, operand, dtype, B, C, knobs) -> _Gemm:
+    def sized(cls, index, gemm, operand, dtype, B, C, knobs, weights_dtype) -> _Gemm:
         """The sizes that run for these knobs: the tile shrunk to the batch and to a divisor of the
-        block's columns; the most split-K parts (a power of two, at most ``max_split``) whose tiles
-        the threads can hold, each part at least one chunk of K."""
+        block's columns (FFMA) or 16 x 16 (tensor cores, for an operand stored in the weights' dtype:
+        a state, not a computed r * h, which stays exact in fp32 on FFMA); the most split-K parts (a
+        power of two, at most ``max_split``) whose tiles the threads (warps) can hold, each part at
+        least one chunk of K."""
         NT, K = knobs["threads"], gemm.depth
-        tm = min(knobs["tile_rows"], B)
-        tn = max(t for t in range(1, knobs["tile_cols"] + 1) if C % t == 0)
-        tiles = -(-B // tm) * (C // tn)
-        S = 1
-        while 2 * S <= knobs["max_split"] and 2 * S * tiles <= NT and 2 * S * VECTOR <= K:
-            S *= 2
-        return cls(index, gemm.name, operand, dtype, B, C, K, tm, tn, S, NT)
+        tc = knobs["tensor_cores"] and dtype == weights_dtype
+        if tc:
+            tm = tn = FRAG
+        else:
+            tm = min(knobs["tile_rows"], B)
+            tn = max(t for t in range(1, knobs["tile_cols"] + 1) if C % t == 0)
+        g = cls(index, gemm.name, operand, dtype, B, C, K, tm, tn, 1, NT, tc)
+        while 2 * g.split <= knobs["max_split"] and 2 * g.split * g.tiles <= g.workers and 2 * g.split * g.width <= K:
+            g.split *= 2
+        return g
+
+    @property
+    def workers(self) -> int:
+        """What computes one tile: a thread, or a warp on tensor cores."""
+        return self.threads // 32 if self.tensor_cores else self.threads
+
+    @property
+    def width(self) -> int:
+        """k of one chunk: VECTOR a thread loads at once, or a fragment's 16."""
+        return FRAG if self.tensor_cores else VECTOR
+
+    @property
+    def ldc(self) -> int:
+        """Columns of the result buffers: C, padded to whole fragments on tensor cores."""
+        return -(-self.C // self.tn) * self.tn if self.tensor_cores else self.C
 
     @property
     def row_tiles(self) -> int:
@@ -171,35 +226,52 @@ class _Gemm:
 
     @property
     def tiles(self) -> int:
-        return self.row_tiles * (self.C // self.tn)
+        return self.row_tiles * (self.ldc // self.tn)
 
     @property
     def rounds(self) -> int:
-        """Tiles each thread computes one after the other (more than one only when S = 1)."""
-        return -(-self.tiles * self.split // self.threads)
+        """Tiles each worker computes one after the other (more than one only when S = 1)."""
+        return -(-self.tiles * self.split // self.workers)
+
+    @property
+    def idle(self) -> bool:
+        """Whether some workers have no tile in the last round."""
+        return self.tiles * self.split < self.rounds * self.workers
 
     @property
     def chunks(self) -> int:
-        """VECTOR-wide k chunks each part walks."""
-        return -(-self.K // (self.split * VECTOR))
+        """Chunks of k each part walks."""
+        return -(-self.K // (self.split * self.width))
 
     @property
     def stride(self) -> int:
         """Row stride of the staged operand and the weight columns: K padded to whole chunks of every
-        part (zeros past K), plus one VECTOR so that rows start in different banks."""
-        return self.chunks * self.split * VECTOR + VECTOR
+        part (zeros past K), plus 16 bytes so that rows start in different banks (a multiple of 8
+        elements, 16 bytes, as WMMA's loads need)."""
+        pad = 8 if self.tensor_cores else VECTOR
+        return self.chunks * self.split * self.width + pad
 
     @property
     def partial_stride(self) -> int:
-        """Elements per part in the partial buffer: rows for every thread's tile, including threads
-        without one (they store zeros past the batch), padded to 1 mod 32 banks."""
+        """Elements per part in the partial buffer: rows for every worker's tile, including workers
+        without one (FFMA threads store zeros past the batch), padded to 1 mod 32 banks; on tensor
+        cores whole fragments (then 32-byte aligned)."""
+        if self.tensor_cores:
+            return self.row_tiles * self.tm * self.ldc
         thread_tiles = -(-self.rounds * self.threads // self.split)
         rows = -(-thread_tiles // (self.C // self.tn)) * self.tm
         return rows * self.C + (1 - rows * self.C) % 32
 
     @property
+    def partial_size(self) -> int:
+        """The partial buffer: every part, and on tensor cores room for one more fragment (16 rows
+        of ldc) that idle warps store to (a shared store is never inside a condition)."""
+        spare = FRAG * self.ldc if self.tensor_cores and self.idle else 0
+        return self.split * self.partial_stride + spare
+
+    @property
     def gates(self) -> str:
-        """The buffer the elementwise math reads the GEMM's result from, indexed row * C + column."""
+        """The buffer the elementwise math reads the GEMM's result from, indexed row * ldc + column."""
         return f"g_s{self.index}" if self.split > 1 else f"part{self.index}"
 
 
@@ -215,12 +287,14 @@ class _Kernel:
 
     @classmethod
     def plan(cls, program, target, knobs):
-        """None when the step has math a block cannot do on its own units (see ``_step_blocks``)."""
+        """None when the step has math a block cannot do on its own units (see ``_step_blocks``) or
+        the block's buffers do not fit in shared memory (tensor cores need the operand there)."""
         H, B, U = program.cell.hidden_size, program.batch, knobs["units"]
         analysed = _step_blocks(program)
         if analysed is None:
             return None
-        blocks = [_Gemm.sized(program.plan.gemms.index(what), what, text, dtype, B, what.rows // H * U, knobs)
+        blocks = [_Gemm.sized(program.plan.gemms.index(what), what, text, dtype, B, what.rows // H * U, knobs,
+                              program.dtype)
                   if kind == "gemm" else (kind, what, ivs, text) for kind, what, ivs, text, dtype in analysed]
         gemms = [g for g in blocks if isinstance(g, _Gemm)]
         # the hoisted GEMMs' gate columns of the own units are prefetched with the operand
@@ -234,9 +308,9 @@ class _Kernel:
                     return None
                 blocks[n] = (kind, name, ivs, value)
         kernel = cls(program, target, knobs, blocks, hoisted, staged=True)
-        if kernel.shared_bytes() > target.shared_memory:  # the operands do not fit beside the weights
-            kernel.staged = False
-        return kernel
+        if kernel.shared_bytes() > target.shared_memory and not knobs["tensor_cores"]:
+            kernel.staged = False  # the operands do not fit beside the weights: read from global memory
+        return kernel if kernel.shared_bytes() <= target.shared_memory else None
 
     # --- sizes -------------------------------------------------------------------------------
     def shared_bytes(self) -> int:
@@ -253,13 +327,15 @@ class _Kernel:
         return [f"for p_r in range({-(-count // self.threads)}):", *indent(body(q), 4).splitlines()]
 
     def load_weights(self, g: _Gemm) -> list[str]:
-        """Columns k-contiguous: w_s[c * stride + k], zeros past K; read column-fastest (coalesced)."""
-        dtype, total = self.p.dtype, g.C * g.stride
-        i = g.index
+        """Columns k-contiguous: w_s[c * stride + k], zeros past K and past C (the columns padded to
+        whole fragments); read column-fastest (coalesced)."""
+        dtype, total, i = self.p.dtype, g.ldc * g.stride, g.index
 
         def body(q):
-            k, c = f"{q} // {g.C}", f"{q} % {g.C}"
-            value = (f"T.if_then_else({k} < {g.K}, w_packed{i}[T.min({k}, {g.K - 1}), {self.global_column(c)}], "
+            k, c = f"{q} // {g.ldc}", f"{q} % {g.ldc}"
+            inside = f"{k} < {g.K}" + (f" and {c} < {g.C}" if g.ldc > g.C else "")
+            column = self.global_column(f"T.min({c}, {g.C - 1})" if g.ldc > g.C else c)
+            value = (f"T.if_then_else({inside}, w_packed{i}[T.min({k}, {g.K - 1}), {column}], "
                      f'T.Cast("{dtype}", T.float32(0)))')
             return [f"w_s{i}[({c}) * {g.stride} + {k}] = {value}"]
 
@@ -273,8 +349,10 @@ class _Kernel:
         return [f"x_s{i}[{q}] = {name}_t[{q} // {columns}, {self.global_column(f'{q} % {columns}')}]"]
 
     def stage_operand(self, g: _Gemm) -> list[str]:
-        """The step's B x K operand into a_s[row * stride + k], VECTOR at a time where rows allow."""
-        v = VECTOR if g.K % VECTOR == 0 and self.H % VECTOR == 0 else 1
+        """The step's B x K operand into a_s[row * stride + k], VECTOR at a time where rows allow
+        (16 bytes on tensor cores, whose rows are whole 16 bytes)."""
+        v = 16 // BYTES[g.operand_dtype] if g.tensor_cores else VECTOR
+        v = v if g.K % v == 0 and self.H % v == 0 else 1
         per_row = g.K // v
 
         def body(q):
@@ -287,6 +365,68 @@ class _Kernel:
         return self.flat(g.B * per_row, body) + ['T.tvm_storage_sync("shared")']
 
     def gemm_text(self, g: _Gemm) -> list[str]:
+        """The GEMM's partial tiles, a sync, and their split-K sum."""
+        lines = (self.tensor_core_text(g) if g.tensor_cores else self.register_tile_text(g))
+        lines.append('T.tvm_storage_sync("shared")')
+        if g.split > 1:  # split-K sum, four independent chains per output
+            S, chains, i = g.split, min(4, g.split), g.index
+
+            def body(q):
+                return [
+                    f"for p_i in T.unroll({chains}):",
+                    "    acc[p_i] = T.float32(0)",
+                    f"for p_s in range({S // chains}):",
+                    f"    for p_i in T.unroll({chains}):",
+                    f"        acc[p_i] = acc[p_i] + part{i}[(p_s * {chains} + p_i) * {g.partial_stride} + {q}]",
+                    f"g_s{i}[{q}] = " + " + ".join(f"acc[{c}]" for c in range(chains)),
+                ]
+
+            lines += self.flat(g.B * g.ldc, body) + ['T.tvm_storage_sync("shared")']
+        return lines
+
+    def tensor_core_text(self, g: _Gemm) -> list[str]:
+        """Warp (tile, part) multiplies 16 x 16 fragments of the staged operand (row-major) and the
+        weight columns (column-major: k contiguous), accumulating in fp32, and stores its tile to
+        part[part][row * ldc + column]; warps without a tile store zeros to the spare fragment."""
+        S, i, st, dtype = g.split, g.index, g.stride, self.p.dtype
+        warp = "p_tx // 32"
+        work = warp if g.rounds == 1 else f"(p_t * {g.workers} + {warp})"
+        part, tile = f"{work} % {S}", f"{work} // {S}"
+        row, col = f"{tile} // {g.ldc // FRAG} * {FRAG}", f"{tile} % {g.ldc // FRAG} * {FRAG}"
+        k = f"(p_c * {S} + {part}) * {FRAG}"
+
+        def load(frag, buffer, first, layout):
+            pointer = f'{buffer}.access_ptr("r", ptr_type="{dtype}", offset=({first}) * {st} + {k})'
+            return (f"    T.evaluate(T.tvm_load_matrix_sync({frag}.data, 16, 16, 16, 0, {pointer}, {st}, "
+                    f'"{layout}", dtype="void"))')
+
+        compute = [f"for p_c in range({g.chunks}):",
+                   load("a_f", f"a_s{i}", row, "row_major"),
+                   load("b_f", f"w_s{i}", col, "col_major"),
+                   "    T.evaluate(T.tvm_mma_sync(acc_f.data, 0, a_f.data, 0, b_f.data, 0, acc_f.data, 0, "
+                   'dtype="void"))']
+        target = f"{part} * {g.partial_stride} + ({row}) * {g.ldc} + {col}"
+        if g.idle:
+            compute = [f"if {work} < {g.tiles * S}:", *indent(compute, 4).splitlines()]
+            target = f"T.if_then_else({work} < {g.tiles * S}, {target}, {S * g.partial_stride})"
+        lines = ['T.evaluate(T.tvm_fill_fragment(acc_f.data, 16, 16, 16, 0, T.float32(0), dtype="void"))', *compute,
+                 f'T.evaluate(T.tvm_store_matrix_sync(acc_f.data, 16, 16, 16, 0, part{i}.access_ptr("w", '
+                 f'ptr_type="float32", offset={target}), {g.ldc}, "row_major", dtype="void"))']
+        if g.rounds > 1:
+            lines = [f"for p_t in range({g.rounds}):", *indent(lines, 4).splitlines()]
+        # its own block: TVM cannot infer what the fragment calls read and write (pointers)
+        size = {name: n for name, n, *_ in self.buffers()}
+        fragments = [f'{name} = T.sblock_alloc_buffer(({FRAG * FRAG},), "{dt}", scope="wmma.{scope}")'
+                     for name, dt, scope in (("a_f", dtype, "matrix_a"), ("b_f", dtype, "matrix_b"),
+                                             ("acc_f", "float32", "accumulator"))]
+        return [f'with T.sblock("tensor_core_gemm{i}"):',
+                f"    T.reads(a_s{i}[0:{size[f'a_s{i}']}], w_s{i}[0:{size[f'w_s{i}']}])",
+                f"    T.writes(part{i}[0:{size[f'part{i}']}])",
+                *indent(fragments + lines, 4).splitlines()]
+
+    def register_tile_text(self, g: _Gemm) -> list[str]:
+        """Thread (tile, part) accumulates its tm x tn outputs in registers and stores them to
+        part[part][row * C + column]."""
         S, tm, tn, V, i = g.split, g.tm, g.tn, VECTOR, g.index
         work = "p_tx" if g.rounds == 1 else f"(p_t * {self.threads} + p_tx)"
         part, tile = f"{work} % {S}", f"{work} // {S}"
@@ -318,21 +458,6 @@ class _Kernel:
                  f"        part{i}[{part} * {g.partial_stride} + ({row}) * {g.C} + {col}] = acc[p_i * {tn} + p_j]"]
         if g.rounds > 1:  # more tiles than threads (then S = 1)
             lines = [f"for p_t in range({g.rounds}):", *indent(lines, 4).splitlines()]
-        lines.append('T.tvm_storage_sync("shared")')
-        if S > 1:  # split-K sum, four independent chains per output
-            chains = min(4, S)
-
-            def body(q):
-                return [
-                    f"for p_i in T.unroll({chains}):",
-                    "    acc[p_i] = T.float32(0)",
-                    f"for p_s in range({S // chains}):",
-                    f"    for p_i in T.unroll({chains}):",
-                    f"        acc[p_i] = acc[p_i] + part{i}[(p_s * {chains} + p_i) * {g.partial_stride} + {q}]",
-                    f"g_s{i}[{q}] = " + " + ".join(f"acc[{c}]" for c in range(chains)),
-                ]
-
-            lines += self.flat(g.B * g.C, body) + ['T.tvm_storage_sync("shared")']
         return lines
 
     def elementwise_text(self, run) -> list[str]:
@@ -353,19 +478,22 @@ class _Kernel:
         out = []
         for g in gemms:
             i = g.index
-            out += [(f"w_s{i}", g.C * g.stride, self.p.dtype, "shared.dyn"),
-                    (f"part{i}", g.split * g.partial_stride, "float32", "shared.dyn")]
+            out += [(f"w_s{i}", g.ldc * g.stride, self.p.dtype, "shared.dyn"),
+                    (f"part{i}", g.partial_size, "float32", "shared.dyn")]
             if g.split > 1:
-                out.append((f"g_s{i}", g.B * g.C, "float32", "shared.dyn"))
+                out.append((f"g_s{i}", g.B * g.ldc, "float32", "shared.dyn"))
             if self.staged:
                 out.append((f"a_s{i}", g.row_tiles * g.tm * g.stride, g.operand_dtype, "shared.dyn"))
         out += [(f"x_s{i}", self.p.batch * C, "float32", "shared.dyn") for i, _, C in self.hoisted]
-        # MIN_SHARED_BYTES at least (ResetBeforeGRU at B=1, H=50: one unit a block, g_s2 holds one sum)
-        out = [(name, max(size, -(-MIN_SHARED_BYTES // BYTES[dtype])), dtype, scope)
+        out = [(name, _round_up(size, SHARED_GRANULE // BYTES[dtype]), dtype, scope)
                for name, size, dtype, scope in out]
-        return out + [("acc", max(max(g.tm * g.tn, 4) for g in gemms), "float32", "local"),
-                      ("a_r", max(g.tm for g in gemms) * VECTOR, "float32", "local"),
-                      ("w_r", max(g.tn for g in gemms) * VECTOR, "float32", "local")]
+        # registers: the split-K sum's chains, the FFMA tile (the WMMA fragments: tensor_core_text)
+        ffma = [g for g in gemms if not g.tensor_cores]
+        out.append(("acc", max([4] + [g.tm * g.tn for g in ffma]), "float32", "local"))
+        if ffma:
+            out += [("a_r", max(g.tm for g in ffma) * VECTOR, "float32", "local"),
+                    ("w_r", max(g.tn for g in ffma) * VECTOR, "float32", "local")]
+        return out
 
     def setup(self) -> list[str]:
         """Before the time loop: the weights, and zeros in every other shared buffer. The operand's
@@ -486,12 +614,16 @@ def _on_chip(value: str, ivs, gemms, hoisted, H: int, U: int) -> str | None:
         return re.sub(rf"\b{buffer}\[{row}, {unit}(?: \+ (\d+))?\]", gate, value)
 
     for g in gemms:
-        value = rewrite(value, g.name, g.gates, g.C)
+        value = rewrite(value, g.name, g.gates, g.ldc)
         if re.search(rf"\b{g.name}\[", value):
             return None
     for i, name, columns in hoisted:
         value = rewrite(value, f"{name}_t", f"x_s{i}", columns)
     return value
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
 
 
 def substitute(text: str, names: dict[str, str]) -> str:

@@ -2,6 +2,7 @@
 step text executed thread by thread in Python (index math, races); on a GPU (``-m gpu``) results
 against the float64 reference."""
 
+import contextlib
 import math
 import re
 import shutil
@@ -92,6 +93,52 @@ def test_operand_falls_back_to_global_memory_when_it_does_not_fit():
     assert "a_s1" not in _step_text(program)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_step_gemm_runs_on_tensor_cores(dtype):
+    """B=16, H=512 fp16/bf16 by default: the block's 16 x 16 outputs on tensor cores, K=512 in 32
+    fragments split over the 8 warps; no FFMA tile. fp32 stays on FFMA, and so does a computed
+    operand (ResetBeforeGRU's r * h) beside the state's GEMM on tensor cores."""
+    program = _program(dtype=dtype)
+    kernel = _Kernel.plan(program, H100, CudaPersistent().defaults(program, H100))
+    (g,) = [b for b in kernel.blocks if isinstance(b, _Gemm)]
+    assert (g.tensor_cores, g.tiles, g.split, g.chunks, g.stride % 8) == (True, 1, 8, 4, 0)
+    text = _step_text(program)
+    assert text.count("T.tvm_mma_sync(") == 1 and "a_r[" not in text
+    assert 'scope="wmma.matrix_b"' in text and '"col_major"' in text
+    assert "T.tvm_mma_sync(" not in _step_text(_program())
+    text = _step_text(_program(halstm.ResetBeforeGRU, dtype=dtype))
+    assert text.count("T.tvm_mma_sync(") == 1 and "a_r[" in text
+
+
+def test_tensor_cores_pruned_where_they_cannot_run():
+    recipe = CudaPersistent()
+    for program, target in ((_program(), H100), (_program(dtype="bfloat16"), CudaTarget("sm_75", sms=40))):
+        assert not recipe.defaults(program, target)["tensor_cores"]
+        assert all(not k["tensor_cores"] for k in recipe.space(program, target))
+    # B=64, H=1024 fp16: 32 columns x 1024 weights and the 64 x 1024 operand fit (214 KB); B=256 not
+    wide = _program(batch=64, hidden=1024, dtype="float16")
+    assert recipe.defaults(wide, H100)["tensor_cores"] and _Kernel.plan(wide, H100, recipe.defaults(wide, H100)).staged
+    wider = _program(batch=256, hidden=1024, dtype="float16")
+    assert not recipe.valid(wider, H100, {**recipe.defaults(wider, H100), "tensor_cores": True})
+    assert not recipe.defaults(wider, H100)["tensor_cores"] and recipe.is_applicable(wider, H100)
+    # on tensor cores the register tile changes nothing: one candidate, not one per tile
+    program = _program(dtype="float16")
+    settings = [tuple(v for n, v in k.items() if n not in ("tile_rows", "tile_cols"))
+                for k in recipe.space(program, H100) if k["tensor_cores"]]
+    assert settings and len(settings) == len(set(settings))
+
+
+def test_shared_buffers_start_32_byte_aligned():
+    """Merged back to back, every buffer starts where WMMA's loads and stores may point (32 bytes)."""
+    from halstm.schedules.cuda import BYTES
+
+    for cell in CELLS:
+        program = _program(cell, batch=3, hidden=50, dtype="float16")
+        knobs = {**CudaPersistent().defaults(program, H100), "tensor_cores": True}
+        for name, size, dtype, scope in _Kernel.plan(program, H100, knobs).buffers():
+            assert scope != "shared.dyn" or size * BYTES[dtype] % 32 == 0, name
+
+
 @pytest.mark.parametrize("sms", [132, 114, 46, 8])
 @pytest.mark.parametrize("batch, hidden", [(1, 256), (16, 512), (16, 768), (3, 50)])
 def test_grid_never_exceeds_the_sms(batch, hidden, sms):
@@ -101,7 +148,7 @@ def test_grid_never_exceeds_the_sms(batch, hidden, sms):
     program = _program(batch=batch, hidden=hidden, steps=1)
     recipe = CudaPersistent()
     if not recipe.is_applicable(program, target):  # only when the weights do not fit on chip
-        assert _Kernel.plan(program, target, recipe.defaults(program, target)).shared_bytes() > target.shared_memory
+        assert _Kernel.plan(program, target, recipe.defaults(program, target)) is None
         return
     settings = [recipe.defaults(program, target)] + recipe.space(program, target)
     for knobs in settings:
@@ -151,9 +198,10 @@ def _persistent_kernel(source: str, name: str) -> tuple[str, str]:
 
 
 def _ptxas(sources: list[str], tmp_path) -> str:
-    """nvcc for an H100 on the kernels; ptxas' report."""
+    """nvcc for an H100 on the kernels; ptxas' report. The longest of the modules' helper
+    definitions serves all: they differ only in what their kernels use (WMMA adds <mma.h>)."""
     path = tmp_path / "k.cu"
-    path.write_text(sources[0][0] + "".join(kernel for _, kernel in sources))
+    path.write_text(max((head for head, _ in sources), key=len) + "".join(kernel for _, kernel in sources))
     return subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-w", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
                            str(path)], capture_output=True, text=True, check=True).stderr
 
@@ -241,6 +289,8 @@ class _Buffer:
         return key
 
     def __getitem__(self, idx):
+        if isinstance(idx, slice):  # a region in T.reads / T.writes
+            return None
         key = self._key(idx)
         self.memory.access(self.name, key, self.shared)
         return self.array[key]
@@ -252,6 +302,27 @@ class _Buffer:
 
     def view(self, row):
         return _Buffer(self.name, self.array, self.memory, self.shared, row)
+
+    def access_ptr(self, mask, ptr_type=None, offset=0):
+        return self, offset
+
+
+class _Fragment:
+    """A WMMA fragment: one 16 x 16 tile a thread (each lane of the warp holds the whole tile here)."""
+
+    def __init__(self, *_, **__):
+        self.tile = np.full((16, 16), np.nan)
+
+    @property
+    def data(self):
+        return self
+
+
+def _tile(pointer, ldm, layout):
+    """The 16 x 16 tile a WMMA load reads or a store writes: (buffer, flat index of (r, c)) pairs."""
+    buffer, offset = pointer
+    at = (lambda r, c: offset + r * ldm + c) if layout == "row_major" else (lambda r, c: offset + c * ldm + r)
+    return [(buffer, at(r, c), r, c) for r in range(16) for c in range(16)]
 
 
 class _T:
@@ -272,6 +343,37 @@ class _T:
     @staticmethod
     def sigmoid(x):
         return 1 / (1 + math.exp(-x))
+
+    # the tensor-core GEMM's block and WMMA calls (warp-wide: every lane does the whole tile here)
+    sblock_alloc_buffer = _Fragment
+
+    @staticmethod
+    def sblock(name):
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def reads(*regions):
+        pass
+
+    writes = evaluate = reads
+
+    @staticmethod
+    def tvm_fill_fragment(frag, m, n, k, index, value, dtype=None):
+        frag.tile[:] = value
+
+    @staticmethod
+    def tvm_load_matrix_sync(frag, m, n, k, index, pointer, ldm, layout, dtype=None):
+        for buffer, i, r, c in _tile(pointer, ldm, layout):
+            frag.tile[r, c] = buffer[i]
+
+    @staticmethod
+    def tvm_mma_sync(d, di, a, ai, b, bi, c, ci, dtype=None):
+        d.tile[:] = a.tile @ b.tile + c.tile
+
+    @staticmethod
+    def tvm_store_matrix_sync(frag, m, n, k, index, pointer, ldm, layout, dtype=None):
+        for buffer, i, r, c in _tile(pointer, ldm, layout):
+            buffer[i] = frag.tile[r, c]
 
 
 def _phases(lines):
@@ -313,7 +415,7 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0):
         if f"{name}" not in {f"{s}_next" for s in cell.states}:
             env[name] = _Buffer(name, np.zeros((B, H)), memory)
     blocks = [{n: _Buffer(n, np.full(size, np.nan), memory, shared=True) for n, size, _, scope in kernel.buffers()
-               if scope != "local"} for _ in range(kernel.grid)]
+               if scope == "shared.dyn"} for _ in range(kernel.grid)]
     registers = {n: size for n, size, _, scope in kernel.buffers() if scope == "local"}
 
     def run(code, t):
@@ -348,19 +450,38 @@ EMULATED = [  # (B, I, H, knobs): ragged K (H=10: not whole vectors), tiles past
     (4, 6, 8, {"threads": 64, "units": 2, "tile_rows": 4, "tile_cols": 4, "max_split": 2}),
     (4, 3, 8, {"threads": 16, "units": 2, "tile_rows": 1, "tile_cols": 1, "max_split": 2}),  # tiles > threads
 ]
+TENSOR_CORES = [  # (B, I, H, units, threads): the batch padded to 16 rows, columns to 16, ragged K; split-K
+    # over the warps; more tiles than warps (3 warps, 4 tiles: two rounds, idle warps in the second)
+    (3, 5, 10, 5, 64),
+    (18, 20, 24, 4, 128),
+    (20, 7, 12, 6, 96),
+]
+
+
+def _check_emulation(cell, B, I, H, knobs, staged=True):
+    c = cell(I, H)
+    y, final, (x, params, states) = _emulate(c, 3, B, {"tensor_cores": False, **knobs}, staged)
+    want_y, want_states = halstm.reference(c, x, params, states)
+    assert rel_err(y, want_y) < 1e-12
+    for s in c.states:
+        assert rel_err(final[s], want_states[s]) < 1e-12
 
 
 @pytest.mark.parametrize("staged", [True, False], ids=["staged", "global"])
 @pytest.mark.parametrize("shape", EMULATED, ids=lambda s: "B{}-I{}-H{}".format(*s[:3]))
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
 def test_emulated_step_text_matches_reference_without_races(cell, shape, staged):
-    B, I, H, knobs = shape
-    c = cell(I, H)
-    y, final, (x, params, states) = _emulate(c, 3, B, knobs, staged)
-    want_y, want_states = halstm.reference(c, x, params, states)
-    assert rel_err(y, want_y) < 1e-12
-    for s in c.states:
-        assert rel_err(final[s], want_states[s]) < 1e-12
+    _check_emulation(cell, *shape, staged)
+
+
+@pytest.mark.parametrize("shape", TENSOR_CORES, ids=lambda s: "B{}-I{}-H{}".format(*s[:3]))
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+def test_emulated_tensor_core_text_matches_reference_without_races(cell, shape):
+    """The WMMA calls emulated on whole tiles (fragment loads, mma, stores at the offsets and leading
+    dimensions the text gives): index math, padding and the split-K parts, in float64."""
+    B, I, H, units, threads = shape
+    knobs = {"threads": threads, "units": units, "tile_rows": 1, "tile_cols": 1, "max_split": 32, "tensor_cores": True}
+    _check_emulation(cell, B, I, H, knobs)
 
 
 def test_emulator_finds_a_race():
@@ -377,7 +498,7 @@ def test_emulator_finds_a_race():
     try:
         _Kernel.step = racy
         with pytest.raises(_Race):
-            _emulate(halstm.LSTM(I, H), 2, B, knobs)
+            _emulate(halstm.LSTM(I, H), 2, B, {"tensor_cores": False, **knobs})
     finally:
         _Kernel.step = step
 
@@ -397,17 +518,9 @@ def _gpu() -> bool:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
 def test_matches_reference_on_gpu(cell, dtype, batch, hidden, rng):
-    """H not a multiple of the tile nor of 4 units (50: 25 blocks of 2; 100, 200), T=24."""
-    torch = pytest.importorskip("torch")
-    T, c = 24, cell(32, hidden)
-    f = halstm.compile(c, T, batch, dtype, target=CudaTarget.detect(), recipe="cuda-persistent")
-    x, params, states = random_inputs(c, T, batch, rng, dtype)
-    to_gpu = lambda a: torch.from_numpy(np.asarray(a, np.float32)).to(getattr(torch, dtype)).cuda()
-    y, final = f(to_gpu(x), {k: to_gpu(v) for k, v in params.items()}, {k: to_gpu(v) for k, v in states.items()})
-    want_y, want_states = halstm.reference(c, np.asarray(x, np.float64), upcast(params), upcast(states))
-    assert rel_err(y.float().cpu().numpy(), want_y) < TOLERANCE[dtype], f.knobs
-    for s in c.states:
-        assert rel_err(final[s].float().cpu().numpy(), want_states[s]) < TOLERANCE[dtype], f.knobs
+    """H not a multiple of the tile nor of 4 units (50: 25 blocks of 2; 100, 200), T=24; tensor cores
+    (the default for fp16/bf16) at B=16."""
+    _check_on_gpu(cell(32, hidden), 24, batch, dtype, rng)
 
 
 @pytest.mark.gpu
@@ -417,11 +530,29 @@ def test_matches_reference_on_gpu(cell, dtype, batch, hidden, rng):
     {"units": 16, "tile_rows": 1, "tile_cols": 2, "threads": 512, "max_split": 128},
 ], ids=["few-blocks", "many-parts"])
 def test_other_knobs_match_reference_on_gpu(knobs, rng):
+    _check_on_gpu(halstm.LSTM(16, 256), 20, 3, "float32", rng, knobs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.parametrize("batch, hidden, knobs", [
+    (3, 100, {"tensor_cores": True}),  # 13 padding rows; one unit a block: 4 columns padded to 16, idle warps
+    (20, 64, {"tensor_cores": True, "units": 8, "threads": 64}),  # 2 x 2 tiles for 2 warps: two rounds
+    (32, 256, {"tensor_cores": True, "threads": 512}),  # split-K over 16 warps
+], ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+def test_tensor_cores_match_reference_on_gpu(cell, dtype, batch, hidden, knobs, rng):
+    _check_on_gpu(cell(32, hidden), 20, batch, dtype, rng, knobs)
+
+
+def _check_on_gpu(c, T, batch, dtype, rng, knobs=None):
     torch = pytest.importorskip("torch")
-    T, B, c = 20, 3, halstm.LSTM(16, 256)
-    f = halstm.compile(c, T, B, "float32", target=CudaTarget.detect(), recipe="cuda-persistent", knobs=knobs)
-    x, params, states = random_inputs(c, T, B, rng)
-    y, _ = f(torch.from_numpy(x).cuda(), {k: torch.from_numpy(v).cuda() for k, v in params.items()},
-             {k: torch.from_numpy(v).cuda() for k, v in states.items()})
-    want_y, _ = halstm.reference(c, np.float64(x), upcast(params), upcast(states))
-    assert rel_err(y.cpu().numpy(), want_y) < TOLERANCE["float32"]
+    f = halstm.compile(c, T, batch, dtype, target=CudaTarget.detect(), recipe="cuda-persistent", knobs=knobs)
+    x, params, states = random_inputs(c, T, batch, rng, dtype)
+    to_gpu = lambda a: torch.from_numpy(np.asarray(a, np.float32)).to(getattr(torch, dtype)).cuda()
+    y, final = f(to_gpu(x), {k: to_gpu(v) for k, v in params.items()}, {k: to_gpu(v) for k, v in states.items()})
+    want_y, want_states = halstm.reference(c, np.asarray(x, np.float64), upcast(params), upcast(states))
+    assert rel_err(y.float().cpu().numpy(), want_y) < TOLERANCE[dtype], f.knobs
+    for s in c.states:
+        assert rel_err(final[s].float().cpu().numpy(), want_states[s]) < TOLERANCE[dtype], f.knobs
