@@ -138,15 +138,21 @@ def _serve() -> None:
 
 
 def candidates(program, target, recipes, limit: int | None, seed: int = 0) -> list[tuple[object, dict]]:
-    """Every valid (recipe, knobs) of the applicable recipes; defaults first, then a fixed shuffle."""
+    """Every valid (recipe, knobs) of the applicable recipes; defaults first, then a fixed shuffle
+    that interleaves the recipes and, within a recipe, its switches (the settings of its on/off
+    knobs, such as tensor_cores), so that a short budget tries each. Without that, the step loop's
+    36 tensor-core settings were 1 of 18 step-loop candidates tried among its thousands of FFMA ones
+    (H100, LSTM fp16 B=64 H=1024, 36 trials)."""
     out = []
     for recipe in (r for r in recipes if r.is_applicable(program, target)):
-        space = recipe.space(program, target)
         default = recipe.defaults(program, target)
-        rest = [k for k in space if k != default]
+        rest = [k for k in recipe.space(program, target) if k != default]
         random.Random(seed).shuffle(rest)
-        out.append([(recipe, k) for k in [default, *rest]])
-    # interleave the recipes, so that a short budget still tries each
+        switches = [n for n, values in recipe.knobs.items() if all(isinstance(v, bool) for v in values)]
+        groups: dict[tuple, list] = {}
+        for k in rest:
+            groups.setdefault(tuple(k[n] for n in switches), []).append((recipe, k))
+        out.append([(recipe, default), *(c for group in _zip_longest(list(groups.values())) for c in group)])
     merged = [c for group in _zip_longest(out) for c in group]
     return merged[:limit] if limit else merged
 

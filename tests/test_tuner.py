@@ -109,3 +109,20 @@ def test_info_summarises_a_database(tmp_path, capsys):
     assert main(["info", str(db.path)]) == 0
     out = capsys.readouterr().out
     assert "GRU I=4 H=4 T=3 B=2 float32 on llvm: 2 measured (1 failed), best 2.000 ms" in out
+
+
+def test_candidates_interleave_recipes_and_their_switches():
+    """A short budget tries both recipes and, within the step loop, tensor cores on and off (its
+    FFMA settings outnumber the tensor-core ones a hundredfold)."""
+    from halstm.schedules import CudaPersistent, CudaStepLoop
+    from halstm.schedules.cuda_tensorcore import tensorize_works
+    from halstm.targets import CudaTarget
+    from halstm.tuner import candidates
+
+    if not tensorize_works():
+        pytest.skip("Schedule.tensorize does not work with this apache-tvm-ffi")
+    program = lower(halstm.LSTM(512, 512), steps=2, batch=64, dtype="float16")
+    first = candidates(program, CudaTarget("sm_90", sms=132), [CudaStepLoop(), CudaPersistent()], limit=8)
+    step_loop = [k for r, k in first if r.name == "cuda-step-loop"]
+    assert len(step_loop) == 4 and {k["tensor_cores"] for k in step_loop[1:3]} == {True, False}
+    assert {k["tensor_cores"] for r, k in first if r.name == "cuda-persistent"} == {True, False}
