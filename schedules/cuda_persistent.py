@@ -69,14 +69,21 @@ from .wmma import FRAG
 # compaction of a buffer to the region its accesses touch keeps the padding.
 SHARED_GRANULE = 32
 
-# Largest batch at which ``recipes_for`` puts this recipe first. H100, 2026-11-22, register-tiled kernel
-# (docs/gpu-results.md, fourth run): faster than the step loop at B=1 (2.8-3.9x), B=16, H=512 (2.9-5.2x),
-# (T, B, H) = (1024, 16, 768) (2.9-5.8x) and B=64, H=1024 (1.1-2.3x, every cell, fp32 and fp16, before the
-# step loop's fp16 GEMMs ran on tensor cores: ``recipes_for`` has the rule for those); B=256 is not
-# measured with it. A size rule only; the tuner measures both.
+# Largest batch at which ``recipes_for`` puts this recipe first. H100, 2026-11-22 (docs/gpu-results.md):
+# faster than the step loop at B=1 (2.8-3.9x), B=16, H=512 (2.9-5.2x), (T, B, H) = (1024, 16, 768)
+# (2.9-5.8x) and B=64, H=1024 (1.1-2.3x), every cell, fp32 and fp16 (fourth run, FFMA); with the
+# step GEMMs of both recipes on tensor cores, fp16 at B=64, H=1024 2.2-5.3 ms against 2.7-7.1 and
+# (512, 64, 512) 3.7-9.0 against 7.9-19.8 (sixth run). B=256 is not measured with it (at H=1024 its
+# fp16 operand does not fit in shared memory beside the weights). A size rule only; the tuner
+# measures both.
 PREFERRED_MAX_BATCH = 64
 
 VECTOR = 4  # k a thread moves at once: operand staging, and shared memory to registers in the GEMM
+# Rounds of the step's loads from global memory (the operand, the input projection) a thread has in
+# flight at once. H100, LSTM fp16 T=100 B=64 H=1024, tensor cores: one load at a time (a rolled loop, 32
+# rounds of 16 bytes a thread for the 128 KB operand) left 25 us a step whatever the GEMM's threads
+# (128, 256, 512: 2.8, 2.5, 2.5 ms), against 4.4 us at B=16, H=512 (16 KB).
+STAGING_UNROLL = 8
 MAX_TILE_REGISTERS = 64  # accumulators + operand registers a thread may hold (spills beyond)
 
 
@@ -321,10 +328,17 @@ class _Kernel:
         """Column of the GEMM result for local column c of this block."""
         return f"({c}) // {self.units} * {self.H} + p_bx * {self.units} + ({c}) % {self.units}"
 
-    def flat(self, count: int, body) -> list[str]:
-        """A loop of all threads over ``count`` items, the index clamped (no condition around stores)."""
-        q = f"T.min(p_r * {self.threads} + p_tx, {count - 1})"
-        return [f"for p_r in range({-(-count // self.threads)}):", *indent(body(q), 4).splitlines()]
+    def flat(self, count: int, body, unroll: int = 1) -> list[str]:
+        """A loop of all threads over ``count`` items, the index clamped (no condition around stores);
+        ``unroll`` rounds at a time unrolled, so that a thread's loads of them are in flight together."""
+        rounds = -(-count // self.threads)
+        unroll = min(unroll, rounds)
+        if unroll == 1:
+            q = f"T.min(p_r * {self.threads} + p_tx, {count - 1})"
+            return [f"for p_r in range({rounds}):", *indent(body(q), 4).splitlines()]
+        q = f"T.min((p_r * {unroll} + p_u) * {self.threads} + p_tx, {count - 1})"
+        return [f"for p_r in range({-(-rounds // unroll)}):", f"    for p_u in T.unroll({unroll}):",
+                *indent(body(q), 8).splitlines()]
 
     def load_weights(self, g: _Gemm) -> list[str]:
         """Columns k-contiguous: w_s[c * stride + k], zeros past K and past C (the columns padded to
@@ -362,7 +376,7 @@ class _Kernel:
             store = f"a_s{g.index}[({q}) // {per_row} * {g.stride} + {k}] = {value}"
             return lines + [("    " if v > 1 else "") + store]
 
-        return self.flat(g.B * per_row, body) + ['T.tvm_storage_sync("shared")']
+        return self.flat(g.B * per_row, body, STAGING_UNROLL) + ['T.tvm_storage_sync("shared")']
 
     def gemm_text(self, g: _Gemm) -> list[str]:
         """The GEMM's partial tiles, a sync, and their split-K sum."""
@@ -514,7 +528,7 @@ class _Kernel:
         block reads what others wrote."""
         lines, stored, run = [], False, []
         for i, name, C in self.hoisted:  # read after the first GEMM's syncs
-            lines += self.flat(self.p.batch * C, partial(self.prefetch, i, name, C))
+            lines += self.flat(self.p.batch * C, partial(self.prefetch, i, name, C), STAGING_UNROLL)
         for b in self.blocks + [None]:
             if b is not None and not isinstance(b, _Gemm):
                 run.append(b)
