@@ -364,19 +364,23 @@ class _Kernel:
 
     def stage_operand(self, g: _Gemm) -> list[str]:
         """The step's B x K operand into a_s[row * stride + k], VECTOR at a time where rows allow
-        (16 bytes on tensor cores, whose rows are whole 16 bytes)."""
+        (16 bytes on tensor cores, whose rows are whole 16 bytes). Every block reads the same rows
+        right after the grid sync; block bx starts its walk bx / grid of the way in, so that the
+        blocks do not all ask for the same L2 lines at once."""
         v = 16 // BYTES[g.operand_dtype] if g.tensor_cores else VECTOR
         v = v if g.K % v == 0 and self.H % v == 0 else 1
-        per_row = g.K // v
+        per_row, count = g.K // v, g.B * g.K // v
+        shift = max(1, count // self.grid)
 
         def body(q):
+            q = f"(({q}) + p_bx * {shift}) % {count}"
             lines = [f"for p_v in T.vectorized({v}):"] if v > 1 else []
             k = f"({q}) % {per_row} * {v}" + (" + p_v" if v > 1 else "")
             value = substitute(g.operand, {"p_row": f"{q} // {per_row}", "p_k": k})
             store = f"a_s{g.index}[({q}) // {per_row} * {g.stride} + {k}] = {value}"
             return lines + [("    " if v > 1 else "") + store]
 
-        return self.flat(g.B * per_row, body, STAGING_UNROLL) + ['T.tvm_storage_sync("shared")']
+        return self.flat(count, body, STAGING_UNROLL) + ['T.tvm_storage_sync("shared")']
 
     def gemm_text(self, g: _Gemm) -> list[str]:
         """The GEMM's partial tiles, a sync, and their split-K sum."""
