@@ -124,22 +124,16 @@ class CudaStepLoop(Recipe):
     def apply(self, program, target, **knobs) -> Schedule:
         k = self.resolve(program, target, knobs)
         sch = Schedule(program.mod)
-        tiles = {"prologue": hoisted_tile(k), "step": step_tile(k, program.batch)}
         operands = {f"{g.name}_operand" for g in program.plan.gemms}
-        for scope, tile in tiles.items():
+        for scope in ("prologue", "step"):
             inline_elementwise(sch, sch.get_sblock(scope), keep=operands)
             gemms, elementwise = child_blocks(sch, scope, program)
             views = {m.buffer.name for m in sch.get(sch.get_sblock(scope)).match_buffers}
             # a state's copy goes into the GEMM's shared tile (gemm_tiled inlines it there)
             elementwise = [b for b in elementwise
                            if not (sch.get(b).name_hint in operands and is_pure_copy(sch, b))]
-            rows = program.batch if scope == "step" else program.steps * program.batch
             for gemm in gemms:
-                if (use_tensor_cores(k, program, target, rows if scope == "step" else None)
-                        and copies_its_operand(sch, gemm)):
-                    gemm_tensorcore(sch, gemm, tensor_core_tile(k).for_rows(rows), program.dtype)
-                else:
-                    gemm_tiled(sch, gemm, tile, views)
+                schedule_gemm(sch, gemm, k, program, target, scope == "step", views)
             for block in merge_next_states(sch, sch.get_sblock(scope), elementwise):
                 bind_flat(sch, block, k["threads"])
         return sch
@@ -191,6 +185,16 @@ def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None)
     TENSOR_CORE_MIN_ROWS rows."""
     return (knobs["tensor_cores"] and tensor_cores_available(program.dtype, target)
             and (step_rows is None or step_rows >= TENSOR_CORE_MIN_ROWS))
+
+
+def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool, views=()) -> None:
+    """The hoisted GEMM (T x B rows) or the step's (B rows) on tensor cores where
+    ``use_tensor_cores`` allows and its operand is an input or a plain copy, else the FFMA tile."""
+    rows = program.batch if step else program.steps * program.batch
+    if use_tensor_cores(knobs, program, target, rows if step else None) and copies_its_operand(sch, block):
+        gemm_tensorcore(sch, block, tensor_core_tile(knobs).for_rows(rows), program.dtype)
+    else:
+        gemm_tiled(sch, block, step_tile(knobs, program.batch) if step else hoisted_tile(knobs), views)
 
 
 def step_gemm_on_tensor_cores(program, target) -> bool:

@@ -55,7 +55,7 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import indent, skeleton
 
-from .cuda import BYTES, TENSOR_CORE_MIN_ROWS, CudaStepLoop, bind_flat, gemm_tiled, hoisted_tile
+from .cuda import BYTES, TENSOR_CORE_MIN_ROWS, CudaStepLoop, bind_flat, schedule_gemm
 from .cuda_tensorcore import tensor_cores_available
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 from .wmma import FRAG
@@ -156,8 +156,8 @@ class CudaPersistent(Recipe):
         step = CudaStepLoop().defaults(program, target)
         inline_elementwise(sch, sch.get_sblock("prologue"))
         gemms, others = child_blocks(sch, "prologue", program)
-        for gemm in gemms:
-            gemm_tiled(sch, gemm, hoisted_tile(step))
+        for gemm in gemms:  # the hoisted GEMM as the step loop runs it (tensor cores for fp16/bf16)
+            schedule_gemm(sch, gemm, step, program, target, step=False)
         for block in others:
             bind_flat(sch, block, step["threads"])
         return sch
@@ -364,16 +364,12 @@ class _Kernel:
 
     def stage_operand(self, g: _Gemm) -> list[str]:
         """The step's B x K operand into a_s[row * stride + k], VECTOR at a time where rows allow
-        (16 bytes on tensor cores, whose rows are whole 16 bytes). Every block reads the same rows
-        right after the grid sync; block bx starts its walk bx / grid of the way in, so that the
-        blocks do not all ask for the same L2 lines at once."""
+        (16 bytes on tensor cores, whose rows are whole 16 bytes)."""
         v = 16 // BYTES[g.operand_dtype] if g.tensor_cores else VECTOR
         v = v if g.K % v == 0 and self.H % v == 0 else 1
         per_row, count = g.K // v, g.B * g.K // v
-        shift = max(1, count // self.grid)
 
         def body(q):
-            q = f"(({q}) + p_bx * {shift}) % {count}"
             lines = [f"for p_v in T.vectorized({v}):"] if v > 1 else []
             k = f"({q}) % {per_row} * {v}" + (" + p_v" if v > 1 else "")
             value = substitute(g.operand, {"p_row": f"{q} // {per_row}", "p_k": k})
