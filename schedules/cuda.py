@@ -197,12 +197,6 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
         gemm_tiled(sch, block, step_tile(knobs, program.batch) if step else hoisted_tile(knobs), views)
 
 
-def step_gemm_on_tensor_cores(program, target) -> bool:
-    """Whether the default knobs put the step GEMM on tensor cores."""
-    return (tensor_cores_available(program.dtype, target)
-            and use_tensor_cores(CudaStepLoop().defaults(program, target), program, target, program.batch))
-
-
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
