@@ -21,7 +21,8 @@ from halstm.models.conv import HEAD, ROWS, TAPS
 from halstm.ops import MATMUL_TAG
 
 from .conv import ConvRecipe
-from .cuda import GemmTile, bind_flat, gemm_tiled
+from .cuda import BYTES, GemmTile, bind_flat, gemm_tiled
+from .cuda_tensorcore import WARP
 
 
 class CudaConv(ConvRecipe):
@@ -32,6 +33,13 @@ class CudaConv(ConvRecipe):
     # 16384 rows) makes 128 blocks, about one per SM of an H100; 128 x 128 tiles would leave 100 idle
     knobs = {"gemm_block": (64, 128), "gemm_thread": (4, 8), "k_chunk": (16, 8), "chunk": (256, 64, 1024),
              "warps": (8, 4), "threads": (256, 128, 512)}
+
+    def valid(self, program, target, knobs) -> bool:
+        """The GEMM tile runs as chosen (threads, registers, static shared memory at the widest
+        element, fp32) and the other blocks' threads are within the target's."""
+        b, t = knobs["gemm_block"], knobs["gemm_thread"]
+        return (GemmTile(b, b, t, t, knobs["k_chunk"]).fits(BYTES["float32"], target)
+                and knobs["threads"] <= target.max_threads and WARP * knobs["warps"] <= target.max_threads)
 
     def schedule_block(self, sch, block, tag, target, k) -> None:
         if tag == MATMUL_TAG:

@@ -156,6 +156,20 @@ def test_generates_cuda(dynamic):
         assert f.recipe.name == "cuda-conv" and "__global__" in f.module.mod.imports[0].inspect_source()
 
 
+def test_cuda_recipe_prunes_what_the_gpu_cannot_run():
+    """A GPU of 256 threads a block: the 128 x 128 GEMM tile of 4 x 4 a thread (1024 threads) and
+    512-thread blocks are out; the defaults and the rest of the space stay."""
+    recipe = next(r for r in RECIPES if r.name == "cuda-conv")
+    program = conv.forward_program(conv.ConvLayer(*SHAPES[2]))
+    small = CudaTarget("sm_80", sms=8, max_threads=256)
+    default = recipe.defaults(program, small)
+    assert recipe.valid(program, small, default) and recipe.valid(program, H100, default)
+    assert not recipe.valid(program, small, {**default, "gemm_block": 128, "gemm_thread": 4})
+    assert not recipe.valid(program, small, {**default, "threads": 512})
+    assert recipe.valid(program, H100, {**default, "threads": 512, "gemm_block": 128, "gemm_thread": 4})
+    assert 0 < len(recipe.space(program, small)) < len(recipe.space(program, H100))
+
+
 def _gpu() -> bool:
     return torch.cuda.is_available()
 
