@@ -29,7 +29,7 @@ bm / tm row threads, so that a block is not mostly idle threads.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
@@ -64,10 +64,18 @@ class CudaStepLoop(Recipe):
         "tc_warps_n": (2, 4),
         "tc_frags": (2, 1, 4),
         "tc_k": (32, 16),
+        # the step GEMM on tensor cores (B rows, latency-bound: K / tc_step_k serial tile fetches):
+        # its K tile, the next K tile's loads in flight during the mma (tc_prefetch), its column
+        # tile narrowed while half the SMs would idle (tc_fill); the first values are the schedule
+        # before these knobs, the defaults come from the target (_step_tensor_core_defaults)
+        "tc_step_k": (32, 64, 128, 16),
+        "tc_prefetch": (False, True),
+        "tc_fill": (False, True),
     }
     _FFMA_STEP = ("block_rows", "block_cols", "thread_rows", "thread_cols", "k_chunk")
     _FFMA_HOISTED = ("hoisted_block", "hoisted_thread")
     _TENSOR_CORE = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_k")
+    _TENSOR_CORE_STEP = ("tc_step_k", "tc_prefetch", "tc_fill")
 
     def is_applicable(self, program, target) -> bool:
         return target.kind == "cuda"
@@ -78,6 +86,9 @@ class CudaStepLoop(Recipe):
         H100's 132 SMs and the step GEMM ran at 5.8 TFLOP/s (ncu: 92 us a step); and widened until
         a block has a warp's threads."""
         k = super().defaults(program, target)
+        if target is not None and use_tensor_cores(k, program, target, program.batch):
+            # the FFMA step knobs stay at their first value, as valid() wants of unused knobs
+            return {**k, **self._step_tensor_core_defaults(program, target, k)}
         widest = max((g.rows for stage in program.plan.stages for g in stage), default=0)
         while (target is not None and k["block_cols"] > 32
                and step_tile(k, program.batch).blocks(program.batch, widest) < target.sms):
@@ -87,6 +98,38 @@ class CudaStepLoop(Recipe):
             k["block_cols"] *= 2
         return k
 
+    def _step_tensor_core_defaults(self, program, target, knobs) -> dict:
+        """The step GEMM on tensor cores is latency-bound: each of its K / tc_step_k tiles costs a
+        round trip to L2 (global loads, barrier, the tile's mma, barrier) that its few blocks
+        cannot overlap with other work. H100, B=64, H=1024 with the first knob values (64 x 64
+        tiles, 64 blocks, K staged 32 at a time): 32 tiles in 28.3 us, 0.88 us (~1500 cycles) a
+        tile for 8 KiB a block, i.e. ~9 GB/s an SM, far below what an SM can load: latency, not
+        bandwidth. So:
+        - tc_fill: the column tile narrowed while half the SMs would idle (128 blocks of 64 x 32
+          there), each fetching half the bytes a tile;
+        - tc_step_k: the fewest tiles (round trips) whose shared memory fits, a tile dividing K
+          first where one does (its loads stay 16-byte vectors; a K padded to a tile is fetched
+          an element at a time), up to one tile for all of K;
+        - tc_prefetch where more than one tile: tile k+1's loads in flight during tile k's mma.
+        B=64, H=1024 (K=1024): 64 x 32 tiles, K=128 (36 KiB shared, 48 prefetch registers a
+        thread): 8 round trips instead of 32. B=256: 64 x 64 tiles (256 blocks already), K=128
+        needs 52 KiB, so K=64: 16 instead of 32."""
+        size = BYTES[program.dtype]
+        depth = max((g.depth for stage in program.plan.stages for g in stage), default=0)
+        if not depth:
+            return {}
+        first = {**knobs, "tc_fill": True}
+        options = [{**first, "tc_step_k": bk, "tc_prefetch": prefetch}
+                   for bk in self.knobs["tc_step_k"] for prefetch in self.knobs["tc_prefetch"]]
+        options = [o for o in options if _step_tiles_fit(o, program, target, size)]
+        if not options:
+            return {}
+        def cost(o):
+            tiles = -(-depth // o["tc_step_k"])
+            return (depth % o["tc_step_k"] != 0 and tiles > 1, tiles, o["tc_prefetch"] != (tiles > 1), o["tc_step_k"])
+        best = min(options, key=cost)
+        return {n: best[n] for n in self._TENSOR_CORE_STEP}
+
     def valid(self, program, target, knobs) -> bool:
         """The tiles that run fit; knobs of a GEMM schedule that does not run stay at their first
         value (they would only repeat a candidate)."""
@@ -94,7 +137,8 @@ class CudaStepLoop(Recipe):
         return (all(knobs[name] == self.knobs[name][0] for name in self._unused(program, target, knobs))
                 and step_tile(knobs, program.batch).fits(size, target)  # the tile that runs
                 and hoisted_tile(knobs).fits(size, target)
-                and tensor_core_tile(knobs).fits(size, target))
+                and tensor_core_tile(knobs).fits(size, target)
+                and _step_tiles_fit(knobs, program, target, size))
 
     def space(self, program, target) -> list[dict]:
         """As Recipe.space, but the unused knobs are not enumerated (the full product is 500K
@@ -115,11 +159,11 @@ class CudaStepLoop(Recipe):
     def _unused(self, program, target, knobs) -> tuple:
         """The knobs that change nothing here."""
         if not tensor_cores_available(program.dtype, target):
-            return self._TENSOR_CORE + ("tensor_cores",)
+            return self._TENSOR_CORE + self._TENSOR_CORE_STEP + ("tensor_cores",)
         step_tc = use_tensor_cores(knobs, program, target, program.batch)
         if not use_tensor_cores(knobs, program, target):
-            return self._TENSOR_CORE
-        return self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else ())
+            return self._TENSOR_CORE + self._TENSOR_CORE_STEP
+        return self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else self._TENSOR_CORE_STEP)
 
     def apply(self, program, target, **knobs) -> Schedule:
         k = self.resolve(program, target, knobs)
@@ -179,6 +223,22 @@ def tensor_core_tile(knobs: dict) -> TensorCoreTile:
     return TensorCoreTile(knobs["tc_warps_m"], knobs["tc_warps_n"], knobs["tc_frags"], knobs["tc_frags"], knobs["tc_k"])
 
 
+def step_tensor_core_tile(knobs: dict, rows: int, cols: int, target) -> TensorCoreTile:
+    """The step GEMM's tensor-core tile (B rows, ``cols`` columns): the warps and fragments of
+    ``tensor_core_tile`` shrunk to the rows, K staged tc_step_k at a time (prefetched with
+    tc_prefetch), its columns narrowed while the grid leaves half the SMs idle (tc_fill). Knobs without the
+    step ones (another recipe's) give the hoisted GEMM's tile shrunk to the rows."""
+    tile = replace(tensor_core_tile(knobs).for_rows(rows), bk=knobs.get("tc_step_k", knobs["tc_k"]),
+                   prefetch=knobs.get("tc_prefetch", False))
+    return tile.filling(rows, cols, target.sms) if knobs.get("tc_fill", False) else tile
+
+
+def _step_tiles_fit(knobs: dict, program, target, size: int) -> bool:
+    """Whether the tensor-core tile of each step GEMM fits (one per stage, its own columns)."""
+    return all(step_tensor_core_tile(knobs, program.batch, g.rows, target).fits(size, target)
+               for stage in program.plan.stages for g in stage)
+
+
 def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None) -> bool:
     """Whether a GEMM runs on tensor cores: the knob on, the target's tensor cores able to take the
     dtype (tensor_cores_available), and for the step GEMM (``step_rows`` given) at least
@@ -192,7 +252,11 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     ``use_tensor_cores`` allows and its operand is an input or a plain copy, else the FFMA tile."""
     rows = program.batch if step else program.steps * program.batch
     if use_tensor_cores(knobs, program, target, rows if step else None) and copies_its_operand(sch, block):
-        gemm_tensorcore(sch, block, tensor_core_tile(knobs).for_rows(rows), program.dtype)
+        if step:
+            tile = step_tensor_core_tile(knobs, rows, int(sch.get(block).writes[0].source.shape[-1]), target)
+        else:
+            tile = tensor_core_tile(knobs).for_rows(rows)
+        gemm_tensorcore(sch, block, tile, program.dtype)
     else:
         gemm_tiled(sch, block, step_tile(knobs, program.batch) if step else hoisted_tile(knobs), views)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tvm.s_tir import Schedule
 
@@ -29,6 +29,7 @@ from .wmma import FRAG, intrinsics
 
 WARP = 32
 VECTOR = 8  # 16-byte fetches of fp16/bf16 into shared memory
+MAX_PREFETCH_REGISTERS = 64  # a thread's registers for the next A and W tiles (prefetch)
 # WMMA with fp32 accumulation: fp16 fragments from Volta (sm_70), bf16 from Ampere (sm_80)
 MIN_ARCH = {"float16": 70, "bfloat16": 80}
 
@@ -58,6 +59,7 @@ class TensorCoreTile:
     fm: int
     fn: int
     bk: int
+    prefetch: bool = False  # the next K tile's global loads into registers before the mma of this one
 
     @property
     def bm(self) -> int:
@@ -75,8 +77,16 @@ class TensorCoreTile:
         """A and W tiles (rows padded by VECTOR elements against bank conflicts) and the fp32 C tile."""
         return (self.bm * (self.bk + VECTOR) + self.bk * (self.bn + VECTOR)) * size + self.bm * (self.bn + 4) * 4
 
+    def prefetch_registers(self, size: int) -> int:
+        """32-bit registers a thread holds the next A and W tiles in (with ``prefetch``)."""
+        return (self.bm + self.bn) * self.bk * size // (self.threads * 4) if self.prefetch else 0
+
     def fits(self, size: int, target) -> bool:
-        return self.threads <= target.max_threads and self.shared_bytes(size) <= target.static_shared_memory
+        """Threads within the block limit, all tiles within the static limit (48 KiB: above it in
+        all, a block needs an opt-in for its dynamic part, the C tile, not relied on here), the
+        prefetched tiles within a quarter of a thread's 255 registers."""
+        return (self.threads <= target.max_threads and self.shared_bytes(size) <= target.static_shared_memory
+                and self.prefetch_registers(size) <= MAX_PREFETCH_REGISTERS)
 
     def for_rows(self, rows: int) -> "TensorCoreTile":
         """The tile with its row extent shrunk (fragments first, then warps) while it exceeds the
@@ -87,7 +97,19 @@ class TensorCoreTile:
                 fm //= 2
             else:
                 warps_m //= 2
-        return TensorCoreTile(warps_m, self.warps_n, fm, self.fn, self.bk)
+        return replace(self, warps_m=warps_m, fm=fm)
+
+    def filling(self, rows: int, cols: int, sms: int) -> "TensorCoreTile":
+        """The tile with its column extent halved (fragments first, then warps) while its grid over
+        rows x cols leaves half the SMs or more idle: the step GEMM at B=64, N=4096 made 64 blocks
+        of 64 x 64 for 132 SMs."""
+        tile = self
+        while 2 * tile.blocks(rows, cols) <= sms and (tile.fn > 1 or tile.warps_n > 1):
+            tile = replace(tile, fn=tile.fn // 2) if tile.fn > 1 else replace(tile, warps_n=tile.warps_n // 2)
+        return tile
+
+    def blocks(self, rows: int, cols: int) -> int:
+        return -(-rows // self.bm) * -(-cols // self.bn)
 
 
 def _round_up(n: int, m: int) -> int:
@@ -123,8 +145,10 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
     warp = sch.fuse(b_warp, n_warp)
     sch.bind(warp, "threadIdx.y")
 
+    fetches = []
     for index in (0, 1):
         staged = sch.cache_read(outer, index, "shared")
+        fetches.append(staged)
         sch.compute_at(staged, k_outer)
         _inline_copies(sch, staged)
         fused = sch.fuse(*sch.get_loops(staged)[-2:])
@@ -147,6 +171,8 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
     sch.reverse_compute_at(acc, warp)
     sch.reverse_compute_at(c_shared, warp)
     init = sch.decompose_reduction(outer, k_outer)
+    if tile.prefetch:
+        _prefetch(sch, k_outer, fetches)
 
     names = intrinsics(dtype)
     for frag, role in ((a_frag, "load_a"), (w_frag, "load_b"), (acc, "store")):
@@ -164,6 +190,21 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
     fused = sch.fuse(*sch.get_loops(c_shared)[-2:])
     _, tx = sch.split(fused, [None, WARP])
     sch.bind(tx, "threadIdx.x")
+
+
+def _prefetch(sch: Schedule, k_outer, fetches) -> None:
+    """Software-pipeline ``k_outer`` as TVM's dlight MatmulTensorization does (without its async
+    copies, which need the tirx.use_async_copy build option): each fetch gets a register stage
+    (global -> registers -> shared), and the loop body runs the global loads of tile k+1 into
+    registers (stage 0), a barrier, the mma of tile k from shared memory (stage 1), a barrier, then
+    the stores of tile k+1 from registers into shared memory. The loads are in flight during the
+    mma; TVM's pipeline pass keeps one shared buffer each (the stores follow the reads)."""
+    for staged in fetches:
+        sch.annotate(staged, "tirx.manifest_shared_memory_local_stage", 1)
+    # k_outer's body once manifested: A to registers, A to shared, W to registers, W to shared,
+    # the k_inner loop (fragment loads, mma)
+    sch.annotate(k_outer, "software_pipeline_stage", [0, 0, 0, 0, 1])
+    sch.annotate(k_outer, "software_pipeline_order", [0, 3, 1, 4, 2])
 
 
 def copies_its_operand(sch: Schedule, block) -> bool:

@@ -203,3 +203,105 @@ def test_cuda_build_keeps_the_callers_pass_context():
     with tvm.transform.PassContext(instruments=[Names()]):
         halstm.compile(halstm.LSTM(8, 8), 2, 2, target=H100, recipe="cuda-step-loop")
     assert any("FlattenBuffer" in name for name in seen), seen[:10]
+
+
+def test_step_gemm_tensor_core_tile_fills_the_sms():
+    """With tc_fill the step GEMM's tensor-core tile narrows (fragments, then warps) while half the
+    SMs would sit idle (B=64, N=4096: 64 blocks of 64 x 64 for 132 SMs), and keeps its size where
+    the grid already fills them."""
+    from halstm.schedules.cuda_tensorcore import TensorCoreTile
+
+    tile = TensorCoreTile(warps_m=2, warps_n=2, fm=2, fn=2, bk=32)
+    narrowed = tile.for_rows(64).filling(64, 4096, sms=132)
+    assert (narrowed.bm, narrowed.bn) == (64, 32) and narrowed.threads == tile.threads
+    assert narrowed.blocks(64, 4096) == 128
+    assert tile.for_rows(256).filling(256, 4096, sms=132) == tile
+    # B=16, N=2048: 16 x 64 tiles, 32 blocks -> 16 x 16, 128 blocks of one warp
+    assert tile.for_rows(16).filling(16, 2048, sms=132).blocks(16, 2048) == 128
+
+
+@pytest.mark.parametrize("batch, hidden, bk, bn", [(64, 1024, 128, 32), (256, 1024, 64, 64), (16, 512, 128, 16)])
+def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, bk, bn):
+    """fp16 on an H100: the step GEMM's defaults stage K in the fewest tiles that fit 48 KiB with
+    the narrowed column tile, prefetched (B=64, H=1024: 8 tiles of K=128 where the first knob
+    values made 32 of K=32, in 64 blocks); the defaults pass valid(); fp32 leaves the knobs alone."""
+    from halstm.schedules.cuda import step_tensor_core_tile
+
+    recipe = CudaStepLoop()
+    program = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch, dtype="float16")
+    if not tensorize_works():
+        pytest.skip("no tensor cores here")
+    knobs = recipe.defaults(program, H100)
+    tile = step_tensor_core_tile(knobs, batch, 4 * hidden, H100)
+    assert (knobs["tc_step_k"], knobs["tc_prefetch"], knobs["tc_fill"], tile.bn) == (bk, True, True, bn)
+    assert recipe.valid(program, H100, knobs) and tile.fits(2, H100)
+    assert 2 * tile.blocks(batch, 4 * hidden) > H100.sms
+    fp32 = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch)
+    assert all(recipe.defaults(fp32, H100)[n] == recipe.knobs[n][0] for n in ("tc_step_k", "tc_prefetch", "tc_fill"))
+
+
+def test_step_tensor_core_knobs_pruned_where_they_do_not_fit():
+    """valid() checks the step tile that runs: at B=256, H=1024 a 64 x 64 tile with K=128 needs
+    52 KiB of shared memory (over the 48 KiB static limit); one warp (B=16, filled to 16 x 16)
+    prefetching K=128 holds 64 registers a thread, at the limit, and passes."""
+    recipe = CudaStepLoop()
+    wide = halstm.lower(halstm.LSTM(1024, 1024), steps=2, batch=256, dtype="float16")
+    narrow = halstm.lower(halstm.LSTM(512, 512), steps=2, batch=16, dtype="float16")
+    if not tensorize_works():
+        pytest.skip("no tensor cores here")
+    assert not recipe.valid(wide, H100, recipe.resolve(wide, H100, {"tc_step_k": 128}))
+    assert recipe.valid(wide, H100, recipe.resolve(wide, H100, {"tc_step_k": 64}))
+    assert recipe.valid(narrow, H100, recipe.resolve(narrow, H100, {"tc_step_k": 128, "tc_prefetch": True}))
+    assert any(k["tc_prefetch"] and k["tc_step_k"] == 128 for k in recipe.space(narrow, H100))
+
+
+def _step_gemm_kernel(source: str) -> str:
+    """The step's GEMM kernel: the wmma kernel that reads the state sequence (h_seq)."""
+    kernels = [k for k in source.split("__global__")[1:] if k.find("{") < k.find(";")]  # definitions
+    return next(k for k in kernels if "mma_sync" in k and "h_seq" in k.split("{")[0])
+
+
+@tensor_cores
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("prefetch", (True, False))
+def test_step_gemm_prefetches_the_next_k_tile(prefetch, tmp_path):
+    """tc_prefetch: the step GEMM loads K tile k+1 into registers (uint4 ..._local arrays) before
+    the mma of tile k, its main loop runs K / bk - 1 times after a prologue that loads tile 0, and
+    there is one shared tile each for A and W (64 x (128 + 8) and 128 x (32 + 8) halves: TVM's
+    pipeline pass needs no second buffer, the stores follow the reads); without
+    it, the loop runs K / bk times and nothing is staged in registers."""
+    program = halstm.lower(halstm.LSTM(1024, 1024), steps=3, batch=64, dtype="float16")
+    knobs = {"tc_step_k": 128, "tc_prefetch": prefetch, "tc_fill": True}
+    source = H100.build(CudaStepLoop().apply(program, H100, **knobs).mod).mod.imports[0].inspect_source()
+    kernel = _step_gemm_kernel(source)
+    assert ("uint4 w_packed1_shared_local_ptr" in kernel) == prefetch
+    assert f"k_0_0 < {1024 // 128 - 1 if prefetch else 1024 // 128};" in kernel
+    assert "half gemm0_operand_shared_ptr[8704];" in kernel and "half w_packed1_shared_ptr[5120];" in kernel
+    assert kernel.count("mma_sync(") == (2 if prefetch else 1)  # the last tile's mma after the loop
+    assert_nvcc_compiles(source, tmp_path)
+
+
+# cells x dtypes x shapes x step-GEMM settings, nvcc compiles each: a Latin square (each cell meets
+# each shape and each setting; fp16 and bf16 alternate), defaults (narrowed, K tile from the
+# target, prefetched where more than one K tile) and explicit ones; ragged B and H included
+STEP_SETTINGS = [{}, {"tc_step_k": 64, "tc_prefetch": True}, {"tc_step_k": 16, "tc_prefetch": True, "tc_fill": False},
+                 {"tc_step_k": 32, "tc_prefetch": False, "tc_fill": False}]
+STEP_SHAPES = [(64, 1024), (20, 48), (16, 512), (17, 40)]
+STEP_CASES = [(CELLS[(i + j) % 4], ("float16", "bfloat16")[(i + j) % 2], STEP_SHAPES[i], STEP_SETTINGS[j])
+              for i in range(4) for j in range(4)]
+
+
+@tensor_cores
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("cell, dtype, shape, knobs", STEP_CASES,
+                         ids=[f"{c.__name__}-{d}-B{s[0]}H{s[1]}-{i % 4}" for i, (c, d, s, _) in enumerate(STEP_CASES)])
+def test_step_gemm_settings_compile(cell, dtype, shape, knobs, tmp_path):
+    """Each step-GEMM setting the recipe accepts generates CUDA that nvcc compiles, with the step
+    GEMM on tensor cores."""
+    B, H = shape
+    program = halstm.lower(cell(H, H), steps=3, batch=B, dtype=dtype)
+    recipe = CudaStepLoop()
+    assert recipe.valid(program, H100, recipe.resolve(program, H100, knobs))
+    source = H100.build(recipe.apply(program, H100, **knobs).mod).mod.imports[0].inspect_source()
+    assert _step_gemm_kernel(source)
+    assert_nvcc_compiles(source, tmp_path)
