@@ -8,9 +8,9 @@ checked once against the float64 reference (``halstm.reference``) at that shape 
 and timed: median of --reps calls after warm-up, CUDA events, as benchmarks/gpu.py times. LSTM and
 GRU are timed against torch.nn.LSTM/GRU (cuDNN) in the same run, before and after the settings (both
 medians are kept; the ratio uses their mean). Prints a markdown table (knobs, ms, us/step, ratio
-cuDNN/halstm, error) and writes sweep.json (and sweep.md) into --out (default $OUT, else the current
-folder). A setting the recipe's valid() rejects, or that fails to compile or run, is reported as such
-and the sweep goes on.
+cuDNN/halstm, error) and writes sweep-<cell>-<T>x<B>x<H>-<dtype>-<recipe>.json (and .md) into --out
+(default $OUT, else the current folder). A setting the recipe's valid() rejects, or that fails to
+compile or run, is reported as such and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -154,9 +154,10 @@ def main(argv=None):
     result = {"cell": a.cell, "T": T, "B": B, "H": H, "dtype": a.dtype, "recipe": a.recipe, "device": target.name,
               "sms": target.sms, "reps": a.reps, "defaults": defaults, "cudnn ms": [base_before, base_after],
               "rows": rows}
-    with open(os.path.join(a.out, "sweep.json"), "w") as fh:
+    stem = os.path.join(a.out, f"sweep-{a.cell}-{T}x{B}x{H}-{a.dtype}-{a.recipe}")
+    with open(stem + ".json", "w") as fh:
         json.dump(result, fh, indent=1)
-    with open(os.path.join(a.out, "sweep.md"), "w") as fh:
+    with open(stem + ".md", "w") as fh:
         fh.write(text + "\n")
     return 0 if all(r.get("correct", False) for r in rows if r.get("valid")) else 1
 

@@ -3,7 +3,9 @@ elementwise kernel per stage, launched from the compiled host loop over t (no Py
 
 fp16/bf16 GEMMs run on tensor cores (WMMA, fp32 accumulation; cuda_tensorcore.py, knob
 "tensor_cores"): the hoisted one always, the step's from B >= 16 rows and when its operand is a
-state (not a computed r * h); ragged shapes are zero-padded. The others use the FFMA schedule below.
+state (not a computed r * h); ragged shapes are zero-padded. The step's tensor-core GEMM has its own K
+tile, prefetch and column narrowing (knobs tc_step_k, tc_prefetch, tc_fill; defaults from the target's
+SMs and shared memory: ``_step_tensor_core_defaults``). The others use the FFMA schedule below.
 
 FFMA GEMMs (the hoisted one and the step's) share one tiled schedule, C[M, N] = A[M, K] @ W[K, N] with W
 the packed (K, N) weights:

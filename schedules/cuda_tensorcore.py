@@ -7,12 +7,17 @@ dlight ``MatmulTensorization``: C[M, N] = A[M, K] @ W[K, N], W the packed (K, N)
         acc[fm, fn] = 0                                        "wmma.accumulator"
         for ko in K / bk:
           A_s[bm, bk], W_s[bk, bn] = tiles of A, W             "shared", all threads, vectorised
+                                                               (prefetch: tile ko+1 loaded into
+                                                               registers before, stored after, the
+                                                               mma of tile ko; _prefetch)
           for kk in bk / 16:
             a[fm], w[fn] = fragments of A_s, W_s               "wmma.matrix_a/b" (load_matrix_sync)
             acc[r, c] += a[r] @ w[c]                           mma_sync
         acc -> C_s (shared) -> C                               store_matrix_sync, then all threads
 
-The intrinsics are in wmma.py (bf16 fragments need sm_80+).
+The intrinsics are in wmma.py (bf16 fragments need sm_80+). The step GEMM (B rows) is latency-bound
+(K / bk serial round trips to L2 in few blocks): its tile narrows to fill the SMs (``filling``), stages
+K in large tiles and prefetches them (cuda.py's knobs tc_fill, tc_step_k, tc_prefetch).
 """
 
 from __future__ import annotations
