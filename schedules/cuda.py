@@ -4,7 +4,7 @@ elementwise kernel per stage, launched from the compiled host loop over t (no Py
 fp16/bf16 GEMMs run on tensor cores (WMMA, fp32 accumulation; cuda_tensorcore.py, knob
 "tensor_cores"): the hoisted one always, the step's from B >= 16 rows and when its operand is a
 state (not a computed r * h); ragged shapes are zero-padded. The step's tensor-core GEMM has its own K
-tile, prefetch and column narrowing (knobs tc_step_k, tc_prefetch, tc_fill; defaults from the target's
+tile, prefetch (off: slower where measured) and column narrowing (knobs tc_step_k, tc_prefetch, tc_fill; defaults from the target's
 SMs and shared memory: ``_step_tensor_core_defaults``). The others use the FFMA schedule below.
 
 FFMA GEMMs (the hoisted one and the step's) share one tiled schedule, C[M, N] = A[M, K] @ W[K, N] with W
@@ -112,10 +112,12 @@ class CudaStepLoop(Recipe):
         - tc_step_k: the fewest tiles (round trips) whose shared memory fits, a tile dividing K
           first where one does (its loads stay 16-byte vectors; a K padded to a tile is fetched
           an element at a time), up to one tile for all of K;
-        - tc_prefetch where more than one tile: tile k+1's loads in flight during tile k's mma.
-        B=64, H=1024 (K=1024): 64 x 32 tiles, K=128 (36 KiB shared, 48 prefetch registers a
-        thread): 8 round trips instead of 32. B=256: 64 x 64 tiles (256 blocks already), K=128
-        needs 52 KiB, so K=64: 16 instead of 32."""
+        - tc_prefetch off: measured slower everywhere it was tried.
+        Measured (H100, fp16, benchmarks/knob_sweep.py, docs/gpu-results.md "seventh run"), T=100,
+        ms against the first values (K 32, no fill, no prefetch) and with prefetch on:
+        LSTM B=64 H=1024 (64 x 32 tiles, K=128, 8 round trips instead of 32) 2.10 / 2.97 / 2.24;
+        LSTM B=256 H=1024 (64 x 64 tiles, 256 blocks already, K=64) 3.79 / 4.32 / 3.90;
+        GRU B=256 H=1024 3.41 (with prefetch) / 3.68; LSTM B=64 H=2048 6.48 / 6.71 / 6.71."""
         size = BYTES[program.dtype]
         depth = max((g.depth for stage in program.plan.stages for g in stage), default=0)
         if not depth:
@@ -128,7 +130,7 @@ class CudaStepLoop(Recipe):
             return {}
         def cost(o):
             tiles = -(-depth // o["tc_step_k"])
-            return (depth % o["tc_step_k"] != 0 and tiles > 1, tiles, o["tc_prefetch"] != (tiles > 1), o["tc_step_k"])
+            return (depth % o["tc_step_k"] != 0 and tiles > 1, tiles, o["tc_prefetch"], o["tc_step_k"])
         best = min(options, key=cost)
         return {n: best[n] for n in self._TENSOR_CORE_STEP}
 
