@@ -1,11 +1,15 @@
 """Run one compiled cell a few times on the GPU, for a profiler to read its kernels:
 
     ncu --clock-control none --print-summary per-kernel python benchmarks/profile_kernels.py LSTM 4,64,1024 float32
+
+--knobs takes a JSON object of knob overrides, passed to halstm.compile unchecked (the recipe's
+valid() is not asked: a profile may try what the recipe refuses).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
@@ -20,11 +24,12 @@ def main():
     ap.add_argument("shape", help="T,B,H (I = H)")
     ap.add_argument("dtype", nargs="?", default="float32")
     ap.add_argument("--recipe", default=None)
+    ap.add_argument("--knobs", type=json.loads, default=None, help="JSON object of knob overrides")
     ap.add_argument("--repeat", type=int, default=2)
     a = ap.parse_args()
     T, B, H = map(int, a.shape.split(","))
     cell = BUILTIN[a.cell](H, H)
-    f = halstm.compile(cell, T, B, a.dtype, target=CudaTarget.detect(), recipe=a.recipe)
+    f = halstm.compile(cell, T, B, a.dtype, target=CudaTarget.detect(), recipe=a.recipe, knobs=a.knobs)
     print(f"{a.cell} T={T} B={B} H={H} {a.dtype}: recipe {f.recipe.name} {f.knobs}")
     dt = getattr(torch, a.dtype)
     x = torch.randn(T, B, H, dtype=dt, device="cuda")

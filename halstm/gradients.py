@@ -75,9 +75,8 @@ class CompiledBackward:
                 buffers[arg.name] = frame.share(value.reshape(arg.shape))
             else:  # a state without a gradient, the buffers between the two functions, the results
                 buffers[arg.name] = frame.new(arg, zeros=arg.role == "grad")
-        with frame.stream():
-            for name, function in (("bptt", p.bptt), ("weights", p.weights)):
-                self.module[name](*(buffers[a.name] for a in function.args))
+        for name, function in (("bptt", p.bptt), ("weights", p.weights)):
+            self.module[name](*(buffers[a.name] for a in function.args))
         dx = frame.result(buffers["dx"]).reshape(T, B, cell.input_size)
         return (dx, {n: frame.result(buffers[f"d{n}"]) for n in cell.parameters()},
                 {s: frame.result(buffers[f"d{s}0"]) for s in cell.states})

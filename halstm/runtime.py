@@ -6,7 +6,7 @@ where the TVM compiler library is absent (``TVM_USE_RUNTIME_LIB=1``).
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 from dataclasses import asdict, dataclass
 
@@ -79,8 +79,8 @@ class SequenceFunction:
         return finish()
 
     def prepare(self, x, params: dict, states: dict | None = None):
-        """Convert the arguments once; returns a function that runs the kernel and waits for the
-        device, as benchmarks and the tuner time it (no argument conversion per call)."""
+        """Check and convert the arguments once; returns a function that runs the kernel and waits
+        for the device, as benchmarks and the tuner time it."""
         run, _ = self._bind(x, params, states)
 
         def timed():
@@ -115,11 +115,7 @@ class SequenceFunction:
         def finish():
             return {s: frame.result(outputs[f"{s}_seq"]).reshape(T + 1, B, H) for s in sig.states}
 
-        def run():
-            with frame.stream():
-                self._main(*tensors)
-
-        return run, finish
+        return functools.partial(self._main, *tensors), finish
 
 
 def new_array(arg: Arg, device, zeros: bool):
@@ -163,46 +159,35 @@ class _NumpyFrame:
     def result(self, tensor):
         return np.from_dlpack(tensor) if self.cpu and tensor.dtype != "bfloat16" else tensor.numpy()
 
-    def stream(self):
-        return contextlib.nullcontext()
-
 
 class TorchFrame:
-    """torch tensors, shared through DLPack; they must be on the target's device. Results are
-    allocated by torch (its caching allocator): TVM's own allocation is a cudaMalloc and cudaFree a
-    call, which cost 0.1-0.3 ms a call on an H100 (T=100, B=16, H=512: 0.87 ms a call, 0.59 ms
-    with the arguments bound once; docs/gpu-results.md)."""
+    """torch tensors, passed to the compiled function as they are: tvm_ffi converts them (DLPack,
+    no copies) and launches the kernels on torch's current CUDA stream, ordered with the torch work
+    around them. They must be on the target's device. Results are allocated by torch (its caching
+    allocator): TVM's own allocation is a cudaMalloc and cudaFree a call, which cost 0.1-0.3 ms a
+    call on an H100 (T=100, B=16, H=512: 0.87 ms a call, 0.59 ms with the arguments bound once;
+    docs/gpu-results.md). Wrapping each tensor in Python (tvm.runtime.from_dlpack, results back
+    through torch.from_dlpack, the stream set by tvm_ffi.use_torch_stream) cost 88-92 us a call
+    there (benchmarks/call_overhead.py, LSTM fp16 B=16 H=512 and B=64 H=1024)."""
 
     def __init__(self, like, device):
         kind = "cpu" if _on_cpu(device) else "cuda"
         if like.device.type != kind:
             raise ValueError(f"x is on {like.device}, but the cell was compiled for {kind}")
-        self.cuda, self.torch_device = kind == "cuda", like.device
+        self.torch_device = like.device
 
     def new(self, arg: Arg, zeros: bool):
         import torch
 
         make = torch.zeros if zeros else torch.empty
-        return tvm.runtime.from_dlpack(make(arg.shape, dtype=getattr(torch, arg.dtype), device=self.torch_device))
+        return make(arg.shape, dtype=getattr(torch, arg.dtype), device=self.torch_device)
 
     def share(self, value):
         value = value.detach().contiguous()
-        if value.data_ptr() % ALIGNMENT:
-            value = value.clone()
-        return tvm.runtime.from_dlpack(value)
+        return value.clone() if value.data_ptr() % ALIGNMENT else value
 
     def result(self, tensor):
-        import torch
-
-        return torch.from_dlpack(tensor)
-
-    def stream(self):
-        """Kernels go on torch's current CUDA stream, ordered with the torch work around them."""
-        if self.cuda:
-            import tvm_ffi
-
-            return tvm_ffi.use_torch_stream()
-        return contextlib.nullcontext()
+        return tensor
 
 
 def _dtype_of(value) -> str:

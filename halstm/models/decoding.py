@@ -243,8 +243,7 @@ class GreedyDecoder:
             check_array(params[arg.name], f"params['{arg.name}']", arg.shape, arg.dtype)
             weights[arg.name] = frame.share(params[arg.name])
         weights |= {a.name: new_array(a, self._device, zeros=False) for a in p.pack_args if a.role == "packed"}
-        with frame.stream():
-            self.module["pack"](*(weights[a.name] for a in p.pack_args))
+        self.module["pack"](*(weights[a.name] for a in p.pack_args))
         return {a.name: weights[a.name] for a in p.args if a.role in ("param", "packed")}
 
     def __call__(self, weights: dict, context, h0, start):
@@ -261,8 +260,7 @@ class GreedyDecoder:
                 tensors.append(outputs.setdefault(arg.name, frame.new(arg, zeros=False)))
             else:
                 tensors.append(weights[arg.name])
-        with frame.stream():
-            self.module["main"](*tensors)
+        self.module["main"](*tensors)
         tokens, hidden, logits = (frame.result(outputs[n]) for n in ("tokens", "h_seq", "logits"))
         return tokens.reshape(N + 1, B)[1:], hidden.reshape(N + 1, B, H), logits.reshape(N, B, V)
 

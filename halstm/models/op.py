@@ -78,11 +78,10 @@ class CompiledOp:
                 tensors.append(frame.share(given[arg.name]))
             else:
                 new = torch.empty(arg.shape, dtype=getattr(torch, arg.dtype), device=values[0].device)
-                tensors.append(tvm.runtime.from_dlpack(new))
+                tensors.append(new)
                 if arg.role == "output":
                     outputs[arg.name] = new
-        with frame.stream():
-            self._main(*tensors)
+        self._main(*tensors)
         return outputs
 
     def __repr__(self):

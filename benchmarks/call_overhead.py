@@ -1,0 +1,70 @@
+"""Where a call's host time goes: one compiled cell called with torch tensors, timed as a whole
+(``f(x, params, states)``, argument checks and DLPack included) and prepared (``f.prepare``: the
+kernels alone), then the call under cProfile:
+
+    python benchmarks/call_overhead.py LSTM 100,16,512 float16 --device cuda
+
+Times are host wall-clock medians of --reps calls, each followed by a device synchronisation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import numpy as np
+import torch
+
+import halstm
+from halstm.cells import BUILTIN
+from halstm.targets import CudaTarget
+
+
+def wall_us(fn, sync, reps: int) -> float:
+    for _ in range(10):
+        fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return 1e6 * float(np.median(times))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cell", choices=sorted(BUILTIN))
+    ap.add_argument("shape", help="T,B,H (I = H)")
+    ap.add_argument("dtype", nargs="?", default="float32")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--reps", type=int, default=200)
+    a = ap.parse_args()
+    T, B, H = map(int, a.shape.split(","))
+    cell = BUILTIN[a.cell](H, H)
+    target = CudaTarget.detect() if a.device == "cuda" else "cpu"
+    f = halstm.compile(cell, T, B, a.dtype, target=target)
+    dt = getattr(torch, a.dtype)
+    x = torch.randn(T, B, H, dtype=dt, device=a.device)
+    params = {n: (torch.rand(s, device=a.device) * 0.1 - 0.05).to(dt) for n, s in cell.parameters().items()}
+    states = {s: torch.randn(B, H, dtype=dt, device=a.device) for s in cell.states}
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+
+    call = wall_us(lambda: f(x, params, states), sync, a.reps)
+    prepared = wall_us(f.prepare(x, params, states), sync, a.reps)
+    print(f"{a.cell} T={T} B={B} H={H} {a.dtype} on {a.device}, recipe {f.recipe.name}: call {call:.1f} us, "
+          f"prepared {prepared:.1f} us, overhead {call - prepared:.1f} us")
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(a.reps):
+        f(x, params, states)
+    sync()
+    profile.disable()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+
+
+if __name__ == "__main__":
+    main()
