@@ -53,7 +53,7 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import indent, skeleton
 
-from .cuda import BYTES, TENSOR_CORE_MIN_ROWS, CudaStepLoop, bind_flat, schedule_gemm
+from .cuda import BYTES, TENSOR_CORE_MIN_ROWS, CudaStepLoop, bind_flat, schedule_gemm, schedule_transpose
 from .cuda_tensorcore import tensor_cores_available
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 from .wmma import FRAG
@@ -157,7 +157,8 @@ class CudaPersistent(Recipe):
         for gemm in gemms:  # the hoisted GEMM as the step loop runs it (tensor cores for fp16/bf16)
             schedule_gemm(sch, gemm, step, program, target, step=False)
         for block in others:
-            bind_flat(sch, block, step["threads"])
+            if not schedule_transpose(sch, block):
+                bind_flat(sch, block, step["threads"])
         return sch
 
 

@@ -1,10 +1,13 @@
 """CUDA recipes: every recipe x built-in cell x dtype generates and compiles CUDA (CPU CI, needs nvcc);
 on a GPU machine (``-m gpu``) each is checked against the float64 reference."""
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 
 import numpy as np
 import pytest
@@ -16,8 +19,10 @@ from halstm.schedules import CudaStepLoop
 from halstm.schedules.cuda import hoisted_tile, step_tile
 from halstm.schedules.cuda_tensorcore import tensorize_works
 from halstm.targets import CudaTarget
+from tvm.tirx.build import split_host_device_mods
 
 from conftest import TOLERANCE, random_inputs, rel_err, upcast
+from test_cuda_persistent import _T, _Buffer, _Memory
 
 CELLS = (halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU)
 DTYPES = ("float32", "float16", "bfloat16")
@@ -304,4 +309,105 @@ def test_step_gemm_settings_compile(cell, dtype, shape, knobs, tmp_path):
     assert recipe.valid(program, H100, recipe.resolve(program, H100, knobs))
     source = H100.build(recipe.apply(program, H100, **knobs).mod).mod.imports[0].inspect_source()
     assert _step_gemm_kernel(source)
+    assert_nvcc_compiles(source, tmp_path)
+
+
+# --- the packed weights: a tiled transpose through shared memory ---------------------------------------
+
+class _Lazy(ast.NodeTransformer):
+    """T.if_then_else(c, a, b) as (a if c else b): as in CUDA, the arm not taken is not read (a
+    stacked cell's second weight at n minus the first's rows: out of bounds)."""
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        return ast.IfExp(*node.args) if ast.unparse(node.func) == "T.if_then_else" else node
+
+
+class _KernelT(_T):
+    float16 = bfloat16 = float
+
+
+def _device_kernels(mod) -> dict:
+    """The kernels (device PrimFuncs, by name) TVM's CUDA pipeline makes of ``mod``, as H100.build
+    lowers them before code generation."""
+    target = H100.tvm_target
+    pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(target)
+    with tvm.transform.PassContext(config={"tirx.disable_cse_tir": True}):
+        _, device = split_host_device_mods(pipeline(tvm.tirx.transform.BindTarget(target)(mod)))
+    return {gv.name_hint: f for m in device.values() for gv, f in m.functions.items()}
+
+
+def _run_kernel(func, arrays: dict) -> None:
+    """Run a lowered kernel in Python as test_cuda_persistent's emulator runs the step text: block by
+    block, and in a block every thread one phase (up to a __syncthreads) at a time, on the flat
+    ``arrays`` by parameter name. Races (between threads or blocks) and accesses out of bounds raise."""
+    text, memory = func.script(), _Memory()
+    env = {"T": _KernelT}
+    for name, param in re.findall(r"(\w+) = T.decl_buffer\(.*data=(\w+)\)", text):
+        env[name] = _Buffer(name, arrays[param], memory)
+    blocks, bx = re.search(r'with T.launch_thread\("blockIdx.x", (\d+)\) as (\w+):', text).groups()
+    shared = re.findall(r"(\w+) = T.alloc_shared\(\((\d+),\)", text)
+    threads, tx = re.search(r'with T.launch_thread\("threadIdx.x", (\d+)\) as (\w+):\n', text).groups()
+    body = _Lazy().visit(ast.parse(textwrap.dedent(text.split(f"as {tx}:\n")[1])))
+    phases = [[]]
+    for statement in body.body:
+        if ast.unparse(statement) == "T.tvm_storage_sync('shared')":
+            phases.append([])
+        else:
+            phases[-1].append(statement)
+    phases = [compile(ast.fix_missing_locations(ast.Module(p, [])), "<kernel>", "exec") for p in phases]
+    for b in range(int(blocks)):
+        tiles = {name: _Buffer(name, np.full(int(size), np.nan), memory, shared=True) for name, size in shared}
+        for code in phases:
+            memory.phase += 1
+            for t in range(int(threads)):
+                memory.who = (b, t)
+                exec(code, {**env, **tiles, bx: b, tx: t})  # noqa: S102
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("hidden", (64, 50, 24), ids=("aligned", "ragged", "below-a-tile"))
+@pytest.mark.parametrize("dtype", ("float32", "float16"))
+@pytest.mark.parametrize("cell", (halstm.LSTM, halstm.GRU, halstm.ResetBeforeGRU), ids=lambda c: c.__name__)
+def test_packed_weights_are_the_transpose(cell, dtype, hidden, recipe, rng):
+    """Each packing kernel, lowered by TVM's CUDA pipeline and run in Python thread by thread, writes
+    exactly the transpose of its weights through a shared tile: at H=50 neither K nor N is whole
+    32 x 32 tiles; at H=24 a tile is more than the weight (bound to the block's threads as 8 x 24,
+    its copy once read past the tile: compute-sanitizer on an H100, ResetBeforeGRU's 24 x 24
+    weight); ResetBeforeGRU stacks weight_hr and weight_hz in one GEMM (an if_then_else over the
+    two)."""
+    c = cell(hidden, hidden)
+    program = halstm.lower(c, steps=2, batch=4, dtype=dtype)
+    params = {n: rng.standard_normal(s) for n, s in c.parameters().items()}
+    sch = next(r for r in schedules.BUILTIN if r.name == recipe).apply(program, H100)
+    kernels = _device_kernels(sch.mod)
+    weights = {m.weight for m in program.plan.matmuls}
+    for g in program.plan.gemms:
+        members = [m.weight for m in g.members]
+        name, func = next((n, f) for n, f in kernels.items()
+                          if {p.name[:-4] for p in f.params} & weights == set(members))
+        packed = next(p.name for p in func.params if p.name[:-4] not in weights)
+        assert len(func.params) == len(members) + 1, (name, func.params)
+        assert "T.alloc_shared(" in func.script(), f"{name} does not stage a shared tile"
+        out = np.full(g.depth * g.rows, np.nan)
+        _run_kernel(func, {**{f"{w}_ptr": params[w].ravel() for w in members}, packed: out})
+        assert np.array_equal(out.reshape(g.depth, g.rows), np.concatenate([params[w] for w in members]).T), name
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("dtype", ("float32", "float16"))
+def test_packing_kernels_transpose_through_a_shared_tile(dtype, recipe, tmp_path):
+    """In the CUDA source, each kernel that packs an LSTM weight (reads weight_ih or weight_hh) holds
+    a 32 x 33 shared tile that its threads fill, sync on, and copy out; one element a thread
+    (bind_flat) read the weights strided by K (ncu, H100, fp16 H=1024: 32 us a weight)."""
+    f = halstm.compile(halstm.LSTM(64, 64), 3, 4, dtype, target=H100, recipe=recipe)
+    source = getattr(f.module, "mod", f.module).imports[0].inspect_source()
+    heads = [(k.split("{")[0], k) for k in source.split("__global__")[1:]]
+    packing = [k for head, k in heads if ";" not in head and re.search(r"weight_(ih|hh)_ptr", head)]  # definitions
+    assert len(packing) == 2
+    element = {"float32": "float", "float16": "half"}[dtype]
+    for kernel in packing:
+        assert re.search(rf"__shared__ alignas\(\d+\) {element} w_packed\d_shared_ptr\[1056\];", kernel), kernel
+        assert "__syncthreads();" in kernel, kernel
     assert_nvcc_compiles(source, tmp_path)
