@@ -3,9 +3,11 @@ elementwise kernel per stage, launched from the compiled host loop over t (no Py
 
 fp16/bf16 GEMMs run on tensor cores (WMMA, fp32 accumulation; cuda_tensorcore.py, knob
 "tensor_cores"): the hoisted one always, the step's from B >= 16 rows and when its operand is a
-state (not a computed r * h); ragged shapes are zero-padded. The step's tensor-core GEMM has its own K
-tile, prefetch (off: slower where measured) and column narrowing (knobs tc_step_k, tc_prefetch, tc_fill; defaults from the target's
-SMs and shared memory: ``_step_tensor_core_defaults``). The others use the FFMA schedule below.
+state (not a computed r * h); ragged shapes are zero-padded. The two tensor-core GEMMs share their
+warps, each has its own fragments (tc_frags, tc_hoisted_frags); the step's also its own K tile,
+prefetch (off: slower where measured) and column narrowing (tc_step_k, tc_prefetch, tc_fill; defaults
+from the target's SMs and shared memory: ``_step_tensor_core_defaults``). The others use the FFMA
+schedule below.
 
 FFMA GEMMs (the hoisted one and the step's) share one tiled schedule, C[M, N] = A[M, K] @ W[K, N] with W
 the packed (K, N) weights:
@@ -60,11 +62,16 @@ class CudaStepLoop(Recipe):
         "hoisted_thread": (8, 4),
         "threads": (256, 128, 512),  # elementwise kernels
         # fp16/bf16 GEMMs on tensor cores (cuda_tensorcore.py): warps_m x warps_n warps a block,
-        # each tc_frags x tc_frags 16x16 fragments; K staged tc_k at a time
+        # each tc_frags x tc_frags 16x16 fragments (the hoisted GEMM: tc_hoisted_frags); K staged
+        # tc_k at a time. H100, LSTM fp16 T=100 B=64 H=1024, the hoisted GEMM (6400 x 4096 x 1024,
+        # ncu): 2 x 2 warps of 2 x 2 fragments (64 x 64) 340 us, of 4 x 4 (128 x 128, its C tile
+        # in 66 KiB of dynamic shared memory) 282 us, 2 x 4 warps of 2 x 2 (64 x 128) 298 us; the
+        # default stays at 64 x 64 until a whole call and its results are checked on a GPU
         "tensor_cores": (True, False),
         "tc_warps_m": (2, 1, 4),
         "tc_warps_n": (2, 4),
         "tc_frags": (2, 1, 4),
+        "tc_hoisted_frags": (2, 4, 1),
         "tc_k": (32, 16),
         # the step GEMM on tensor cores (B rows, latency-bound: K / tc_step_k serial tile fetches):
         # its K tile, the next K tile's loads in flight during the mma (tc_prefetch), its column
@@ -76,7 +83,7 @@ class CudaStepLoop(Recipe):
     }
     _FFMA_STEP = ("block_rows", "block_cols", "thread_rows", "thread_cols", "k_chunk")
     _FFMA_HOISTED = ("hoisted_block", "hoisted_thread")
-    _TENSOR_CORE = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_k")
+    _TENSOR_CORE = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_hoisted_frags", "tc_k")
     _TENSOR_CORE_STEP = ("tc_step_k", "tc_prefetch", "tc_fill")
 
     def is_applicable(self, program, target) -> bool:
@@ -224,18 +231,20 @@ def hoisted_tile(knobs: dict) -> GemmTile:
     return GemmTile(b, b, t, t, knobs["k_chunk"])
 
 
-def tensor_core_tile(knobs: dict) -> TensorCoreTile:
-    return TensorCoreTile(knobs["tc_warps_m"], knobs["tc_warps_n"], knobs["tc_frags"], knobs["tc_frags"], knobs["tc_k"])
+def tensor_core_tile(knobs: dict, hoisted: bool = True) -> TensorCoreTile:
+    """The hoisted GEMM's tensor-core tile (tc_hoisted_frags), or with ``hoisted=False`` the one
+    the step GEMM's starts from (tc_frags)."""
+    frags = knobs["tc_hoisted_frags" if hoisted else "tc_frags"]
+    return TensorCoreTile(knobs["tc_warps_m"], knobs["tc_warps_n"], frags, frags, knobs["tc_k"])
 
 
 def step_tensor_core_tile(knobs: dict, rows: int, cols: int, target) -> TensorCoreTile:
-    """The step GEMM's tensor-core tile (B rows, ``cols`` columns): the warps and fragments of
-    ``tensor_core_tile`` shrunk to the rows, K staged tc_step_k at a time (prefetched with
-    tc_prefetch), its columns narrowed while the grid leaves half the SMs idle (tc_fill). Knobs without the
-    step ones (another recipe's) give the hoisted GEMM's tile shrunk to the rows."""
-    tile = replace(tensor_core_tile(knobs).for_rows(rows), bk=knobs.get("tc_step_k", knobs["tc_k"]),
-                   prefetch=knobs.get("tc_prefetch", False))
-    return tile.filling(rows, cols, target.sms) if knobs.get("tc_fill", False) else tile
+    """The step GEMM's tensor-core tile (B rows, ``cols`` columns): tc_warps_m x tc_warps_n warps of
+    tc_frags fragments shrunk to the rows, K staged tc_step_k at a time (prefetched with
+    tc_prefetch), its columns narrowed while the grid leaves half the SMs idle (tc_fill)."""
+    tile = replace(tensor_core_tile(knobs, hoisted=False).for_rows(rows), bk=knobs["tc_step_k"],
+                   prefetch=knobs["tc_prefetch"])
+    return tile.filling(rows, cols, target.sms) if knobs["tc_fill"] else tile
 
 
 def _step_tiles_fit(knobs: dict, program, target, size: int) -> bool:

@@ -78,20 +78,29 @@ class TensorCoreTile:
     def threads(self) -> int:
         return self.warps_m * self.warps_n * WARP
 
-    def shared_bytes(self, size: int) -> int:
-        """A and W tiles (rows padded by VECTOR elements against bank conflicts) and the fp32 C tile."""
-        return (self.bm * (self.bk + VECTOR) + self.bk * (self.bn + VECTOR)) * size + self.bm * (self.bn + 4) * 4
+    def static_bytes(self, size: int) -> int:
+        """The A and W tiles ("shared": static), rows padded by VECTOR elements against bank conflicts."""
+        return (self.bm * (self.bk + VECTOR) + self.bk * (self.bn + VECTOR)) * size
+
+    def dynamic_bytes(self) -> int:
+        """The fp32 C tile ("shared.dyn": dynamic)."""
+        return self.bm * (self.bn + 4) * 4
 
     def prefetch_registers(self, size: int) -> int:
         """32-bit registers a thread holds the next A and W tiles in (with ``prefetch``)."""
         return (self.bm + self.bn) * self.bk * size // (self.threads * 4) if self.prefetch else 0
 
     def fits(self, size: int, target) -> bool:
-        """Threads within the block limit, all tiles within the static limit (48 KiB: above it in
-        all, a block needs an opt-in for its dynamic part, the C tile, not relied on here), the
+        """Threads within the block limit; shared memory as TVM's CUDA runtime launches it: the
+        static tiles within 48 KiB, and with the dynamic one within 48 KiB too, unless the dynamic
+        one alone reaches 48 KiB, when the runtime opts the kernel in to the block's maximum
+        (cuda_module.cc). H100: a 64 x 128 tile with K=64 (26 KiB static, 33 KiB dynamic) failed to
+        launch (CUDA_ERROR_INVALID_VALUE), a 128 x 128 one with K=32 (19 KiB, 66 KiB) ran. The
         prefetched tiles within a quarter of a thread's 255 registers."""
-        return (self.threads <= target.max_threads and self.shared_bytes(size) <= target.static_shared_memory
-                and self.prefetch_registers(size) <= MAX_PREFETCH_REGISTERS)
+        static, dynamic = self.static_bytes(size), self.dynamic_bytes()
+        limit = target.shared_memory if dynamic >= target.static_shared_memory else target.static_shared_memory
+        return (self.threads <= target.max_threads and static <= target.static_shared_memory
+                and static + dynamic <= limit and self.prefetch_registers(size) <= MAX_PREFETCH_REGISTERS)
 
     def for_rows(self, rows: int) -> "TensorCoreTile":
         """The tile with its row extent shrunk (fragments first, then warps) while it exceeds the

@@ -260,6 +260,37 @@ def test_step_tensor_core_knobs_pruned_where_they_do_not_fit():
     assert any(k["tc_prefetch"] and k["tc_step_k"] == 128 for k in recipe.space(narrow, H100))
 
 
+def test_tensor_core_tiles_fit_as_the_runtime_launches_them():
+    """TVM's CUDA runtime opts a kernel in past 48 KiB of shared memory only when its dynamic part
+    (the C tile) alone reaches 48 KiB. H100: 64 x 128 with K=64 (26 KiB static + 33 KiB dynamic)
+    failed to launch; 128 x 128 with K=32 (19 + 66 KiB) ran; 64 x 64 with K=64 fits in 48 KiB."""
+    from halstm.schedules.cuda_tensorcore import TensorCoreTile
+
+    assert not TensorCoreTile(2, 4, 2, 2, 64).fits(2, H100)
+    assert TensorCoreTile(2, 2, 4, 4, 32).fits(2, H100)
+    assert TensorCoreTile(2, 2, 2, 2, 64).fits(2, H100)
+    assert not TensorCoreTile(2, 2, 4, 4, 32).fits(2, CudaTarget("sm_90", sms=132, shared_memory=64 * 1024))
+
+
+def test_hoisted_gemm_has_its_own_fragments():
+    """tc_hoisted_frags sizes the hoisted GEMM's tile alone: at B=256, H=1024 4 x 4 fragments
+    make a 128 x 128 hoisted tile (valid: its C tile opts in to dynamic shared memory) while the
+    step GEMM keeps its 64 x 64 tile and K=64; the default stays 2 x 2 (64 x 64)."""
+    from halstm.schedules.cuda import step_tensor_core_tile, tensor_core_tile
+
+    recipe = CudaStepLoop()
+    program = halstm.lower(halstm.LSTM(1024, 1024), steps=2, batch=256, dtype="float16")
+    if not tensorize_works():
+        pytest.skip("no tensor cores here")
+    assert recipe.defaults(program, H100)["tc_hoisted_frags"] == 2
+    knobs = recipe.resolve(program, H100, {"tc_hoisted_frags": 4})
+    assert recipe.valid(program, H100, knobs)
+    assert (tensor_core_tile(knobs).bm, tensor_core_tile(knobs).bn) == (128, 128)
+    step = step_tensor_core_tile(knobs, 256, 4096, H100)
+    assert (step.bm, step.bn, step.bk) == (64, 64, 64)
+    assert any(k["tc_hoisted_frags"] == 4 for k in recipe.space(program, H100))
+
+
 def _step_gemm_kernel(source: str) -> str:
     """The step's GEMM kernel: the wmma kernel that reads the state sequence (h_seq)."""
     kernels = [k for k in source.split("__global__")[1:] if k.find("{") < k.find(";")]  # definitions
@@ -290,7 +321,7 @@ def test_step_gemm_prefetches_the_next_k_tile(prefetch, tmp_path):
 # each shape and each setting; fp16 and bf16 alternate), defaults (narrowed, K tile from the
 # target, prefetched where more than one K tile) and explicit ones; ragged B and H included
 STEP_SETTINGS = [{}, {"tc_step_k": 64, "tc_prefetch": True}, {"tc_step_k": 16, "tc_prefetch": True, "tc_fill": False},
-                 {"tc_step_k": 32, "tc_prefetch": False, "tc_fill": False}]
+                 {"tc_step_k": 32, "tc_prefetch": False, "tc_fill": False, "tc_hoisted_frags": 4}]
 STEP_SHAPES = [(64, 1024), (20, 48), (16, 512), (17, 40)]
 STEP_CASES = [(CELLS[(i + j) % 4], ("float16", "bfloat16")[(i + j) % 2], STEP_SHAPES[i], STEP_SETTINGS[j])
               for i in range(4) for j in range(4)]
