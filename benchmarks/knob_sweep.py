@@ -5,7 +5,7 @@
 
 Each setting (the recipe's defaults first, then each --knobs JSON object over them) is compiled,
 checked once against the float64 reference (``halstm.reference``) at that shape with the same inputs,
-and timed: median of --reps calls after warm-up, CUDA events, as benchmarks/gpu.py times. LSTM and
+and timed: median of --reps calls after warm-up, CUDA events, with benchmarks/gpu.py's inputs and timer. LSTM and
 GRU are timed against torch.nn.LSTM/GRU (cuDNN) in the same run, before and after the settings (both
 medians are kept; the ratio uses their mean). Prints a markdown table (knobs, ms, us/step, ratio
 cuDNN/halstm, error) and writes sweep-<cell>-<T>x<B>x<H>-<dtype>-<recipe>.json (and .md) into --out
@@ -21,7 +21,6 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
 
 import halstm
@@ -29,39 +28,9 @@ from halstm import schedules
 from halstm.cells import BUILTIN
 from halstm.targets import CudaTarget
 
+from gpu import inputs, rel, timed  # noqa: E402 (beside this script: the same inputs and timing)
+
 TOL = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}  # DEVELOPERS.md
-
-
-def inputs(cell, T, B, dtype, seed=0):
-    """As benchmarks/gpu.py makes them: uniform weights in +-1/sqrt(H), normal inputs and states."""
-    g = torch.Generator().manual_seed(seed)
-    bound = 1 / cell.hidden_size ** 0.5
-    dt = getattr(torch, dtype)
-    x = torch.randn(T, B, cell.input_size, generator=g).to(dt).cuda()
-    params = {n: ((torch.rand(s, generator=g) * 2 - 1) * bound).to(dt).cuda() for n, s in cell.parameters().items()}
-    states = {s: (0.5 * torch.randn(B, cell.hidden_size, generator=g)).to(dt).cuda() for s in cell.states}
-    return x, params, states
-
-
-def timed(fn, warm=5, reps=20) -> float:
-    """Median milliseconds of ``reps`` calls after ``warm`` ones, each between two CUDA events."""
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
-
-
-def rel(got, want) -> float:
-    got = np.asarray(got, np.float64)
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
 def cudnn(name, H, dtype, params, states, x, reps):
@@ -97,7 +66,7 @@ def main(argv=None):
     print(f"{a.cell} T={T} B={B} H={H} {a.dtype} on {target.name} ({target.sms} SMs), recipe {a.recipe}")
     print(f"defaults: {json.dumps(defaults)}", flush=True)
 
-    x, params, states = inputs(cell, T, B, a.dtype)
+    x, params, states = inputs(cell, T, B, a.dtype, seed=0)
     f64 = lambda d: {k: v.double().cpu().numpy() for k, v in d.items()}
     start = time.time()
     want_y, want_states = halstm.reference(cell, x.double().cpu().numpy(), f64(params), f64(states))
