@@ -39,7 +39,7 @@ store zero accumulators to rows of the partial buffer that nobody reads.
 The step's math is not written here: the step program of ``halstm.lowering`` is scheduled only to inline
 its elementwise math (``inline_elementwise``), and each block's expression is re-indexed onto the
 block's units. The prologue (hoisted input GEMM, weight packing, state copies) keeps the step-loop
-recipe's schedule.
+recipe's schedule, but for the hoisted GEMM's tensor-core fragments (knob tc_hoisted_frags).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import indent, skeleton
 
-from .cuda import BYTES, TENSOR_CORE_MIN_ROWS, CudaStepLoop, bind_flat, schedule_gemm, schedule_transpose
+from .cuda import (BYTES, TENSOR_CORE_MIN_ROWS, CudaStepLoop, bind_flat, schedule_gemm, schedule_transpose,
+                   tensor_core_tile, use_tensor_cores)
 from .cuda_tensorcore import tensor_cores_available
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 from .wmma import FRAG
@@ -100,6 +101,8 @@ class CudaPersistent(Recipe):
         "max_split": (32, 8, 128),
         # the step GEMM on tensor cores (fp16/bf16; the register tile's knobs then change nothing)
         "tensor_cores": (True, False),
+        # the hoisted input GEMM's fragments on tensor cores, as the step loop's knob (cuda.py)
+        "tc_hoisted_frags": (2, 4, 1),
     }
     build_options = {"cooperative": True}
 
@@ -129,7 +132,16 @@ class CudaPersistent(Recipe):
                 return False
         elif tm > B or (_widest(program) // H * U) % tn:
             return False
-        return tm * tn + (tm + tn) * VECTOR <= MAX_TILE_REGISTERS and _Kernel.plan(program, target, knobs) is not None
+        return (tm * tn + (tm + tn) * VECTOR <= MAX_TILE_REGISTERS and self._hoisted_tile_fits(program, target, knobs)
+                and _Kernel.plan(program, target, knobs) is not None)
+
+    def _hoisted_tile_fits(self, program, target, knobs) -> bool:
+        """The hoisted GEMM's tensor-core tile fits, or without tensor cores its knob stays at its
+        first value (it would change nothing)."""
+        hoisted = _hoisted_knobs(program, target, knobs)
+        if use_tensor_cores(hoisted, program, target):
+            return tensor_core_tile(hoisted).fits(BYTES[program.dtype], target)
+        return knobs["tc_hoisted_frags"] == self.knobs["tc_hoisted_frags"][0]
 
     def space(self, program, target) -> list[dict]:
         """As Recipe.space, but on tensor cores one register tile only (the first valid): there it
@@ -151,7 +163,7 @@ class CudaPersistent(Recipe):
         if kernel is None:
             return None
         sch = Schedule(tvm.IRModule({"main": kernel.func()}))
-        step = CudaStepLoop().defaults(program, target)
+        step = _hoisted_knobs(program, target, k)
         inline_elementwise(sch, sch.get_sblock("prologue"))
         gemms, others = child_blocks(sch, "prologue", program)
         for gemm in gemms:  # the hoisted GEMM as the step loop runs it (tensor cores for fp16/bf16)
@@ -160,6 +172,11 @@ class CudaPersistent(Recipe):
             if not schedule_transpose(sch, block):
                 bind_flat(sch, block, step["threads"])
         return sch
+
+
+def _hoisted_knobs(program, target, knobs) -> dict:
+    """The step loop's defaults for the prologue, with this recipe's hoisted-GEMM fragments."""
+    return {**CudaStepLoop().defaults(program, target), "tc_hoisted_frags": knobs["tc_hoisted_frags"]}
 
 
 def _widest(program) -> int:

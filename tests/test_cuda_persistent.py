@@ -119,6 +119,24 @@ def test_hoisted_gemm_runs_on_tensor_cores():
     assert "T.tvm_mma_sync(" in prologue and "T.tvm_mma_sync(" not in text[text.index("for p_bx in"):]
 
 
+def test_hoisted_gemm_fragments_are_a_knob():
+    """tc_hoisted_frags sizes the prologue's tensor-core GEMM (4: 4 x 4 fragments a warp, 128 x 128
+    a block of 2 x 2 warps: T x B = 128 rows by 4H = 256 columns in 2 blocks instead of 8); without
+    tensor cores (fp32) it would change nothing, and valid() keeps it at its first value."""
+    recipe = CudaPersistent()
+    program = _program(batch=16, hidden=64, dtype="float16", steps=8)
+    for frags, blocks in ((2, 8), (4, 2)):
+        knobs = recipe.resolve(program, H100, {"tc_hoisted_frags": frags})
+        assert recipe.valid(program, H100, knobs)
+        text = recipe.apply(program, H100, **knobs).mod.script()
+        prologue = text[:text.index("for p_bx in")]
+        assert f'T.thread_binding({blocks}, thread="blockIdx.x")' in prologue
+        assert f"T.grid({frags}, {frags})" in prologue
+    fp32 = _program(batch=16, hidden=64)
+    assert not recipe.valid(fp32, H100, recipe.resolve(fp32, H100, {"tc_hoisted_frags": 4}))
+    assert all(k["tc_hoisted_frags"] == 2 for k in recipe.space(fp32, H100))
+
+
 def test_tensor_cores_pruned_where_they_cannot_run():
     recipe = CudaPersistent()
     for program, target in ((_program(), H100), (_program(dtype="bfloat16"), CudaTarget("sm_75", sms=40))):
@@ -548,6 +566,7 @@ def test_other_knobs_match_reference_on_gpu(knobs, rng):
     (3, 100, {"tensor_cores": True}),  # 13 padding rows; one unit a block: 4 columns padded to 16, idle warps
     (20, 64, {"tensor_cores": True, "units": 8, "threads": 64}),  # 2 x 2 tiles for 2 warps: two rounds
     (32, 256, {"tensor_cores": True, "threads": 512}),  # split-K over 16 warps
+    (32, 256, {"tc_hoisted_frags": 4}),  # the hoisted GEMM in 128 x 128 tiles, its C tile in 66 KiB
 ], ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
