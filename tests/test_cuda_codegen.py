@@ -22,7 +22,7 @@ from halstm.targets import CudaTarget
 from tvm.tirx.build import split_host_device_mods
 
 from conftest import TOLERANCE, random_inputs, rel_err, upcast
-from test_cuda_persistent import _T, _Buffer, _Memory
+from cuda_emulator import Buffer, Memory, T
 
 CELLS = (halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU)
 DTYPES = ("float32", "float16", "bfloat16")
@@ -354,7 +354,7 @@ class _Lazy(ast.NodeTransformer):
         return ast.IfExp(*node.args) if ast.unparse(node.func) == "T.if_then_else" else node
 
 
-class _KernelT(_T):
+class _KernelT(T):
     float16 = bfloat16 = float
 
 
@@ -372,10 +372,10 @@ def _run_kernel(func, arrays: dict) -> None:
     """Run a lowered kernel in Python as test_cuda_persistent's emulator runs the step text: block by
     block, and in a block every thread one phase (up to a __syncthreads) at a time, on the flat
     ``arrays`` by parameter name. Races (between threads or blocks) and accesses out of bounds raise."""
-    text, memory = func.script(), _Memory()
+    text, memory = func.script(), Memory()
     env = {"T": _KernelT}
     for name, param in re.findall(r"(\w+) = T.decl_buffer\(.*data=(\w+)\)", text):
-        env[name] = _Buffer(name, arrays[param], memory)
+        env[name] = Buffer(name, arrays[param], memory)
     blocks, bx = re.search(r'with T.launch_thread\("blockIdx.x", (\d+)\) as (\w+):', text).groups()
     shared = re.findall(r"(\w+) = T.alloc_shared\(\((\d+),\)", text)
     threads, tx = re.search(r'with T.launch_thread\("threadIdx.x", (\d+)\) as (\w+):\n', text).groups()
@@ -388,7 +388,7 @@ def _run_kernel(func, arrays: dict) -> None:
             phases[-1].append(statement)
     phases = [compile(ast.fix_missing_locations(ast.Module(p, [])), "<kernel>", "exec") for p in phases]
     for b in range(int(blocks)):
-        tiles = {name: _Buffer(name, np.full(int(size), np.nan), memory, shared=True) for name, size in shared}
+        tiles = {name: Buffer(name, np.full(int(size), np.nan), memory, shared=True) for name, size in shared}
         for code in phases:
             memory.phase += 1
             for t in range(int(threads)):

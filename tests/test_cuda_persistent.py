@@ -2,8 +2,6 @@
 step text executed thread by thread in Python (index math, races); on a GPU (``-m gpu``) results
 against the float64 reference."""
 
-import contextlib
-import math
 import re
 import shutil
 import subprocess
@@ -12,6 +10,7 @@ import numpy as np
 import pytest
 import tvm
 from conftest import TOLERANCE, random_inputs, rel_err, upcast
+from cuda_emulator import Buffer, Memory, Race, T
 from halstm.schedules import CudaPersistent
 from halstm.schedules.cuda_persistent import _Gemm, _Kernel
 from halstm.targets import CudaTarget
@@ -279,129 +278,7 @@ def test_register_tile_stays_in_registers(dtype, tmp_path):
     assert re.match(r"Function properties for persistent\n\s+0 bytes stack frame, 0 bytes spill", props), props[:200]
 
 
-# --- the step's text run in Python, one emulated thread at a time ---------------------------------------
-
-class _Race(AssertionError):
-    pass
-
-
-class _Memory:
-    """Every buffer access of an emulated launch, to find races: within a phase between two
-    __syncthreads, an address one thread wrote and another thread of the block read or wrote (with
-    another value); in global memory, the same between blocks anywhere between two grid syncs."""
-
-    def __init__(self):
-        self.who, self.phase, self.interval = (0, 0), 0, 0
-        self.seen = {}
-
-    def access(self, name, key, shared, value=None):
-        epoch = (self.phase, self.who[0]) if shared else self.interval
-        for other, phase, wrote in self.seen.get((epoch, name, key), ()):
-            if other == self.who or (other[0] == self.who[0] and phase != self.phase):
-                continue  # the same thread, or the same block across a __syncthreads
-            if (value is None and wrote is None) or (value is not None and value == wrote):
-                continue  # two reads, or the same value written twice
-            raise _Race(f"{name}{list(key)}: thread {self.who} and thread {other}")
-        self.seen.setdefault((epoch, name, key), []).append((self.who, self.phase, value))
-
-
-class _Buffer:
-    def __init__(self, name, array, memory, shared=False, row=0):
-        self.name, self.array, self.memory, self.shared, self.row = name, array, memory, shared, row
-
-    def _key(self, idx):
-        key = idx if isinstance(idx, tuple) else (idx,)
-        key = (key[0] + self.row, *key[1:])
-        assert all(0 <= i < n for i, n in zip(key, self.array.shape)), f"{self.name}{list(key)} out of {self.array.shape}"
-        return key
-
-    def __getitem__(self, idx):
-        if isinstance(idx, slice):  # a region in T.reads / T.writes
-            return None
-        key = self._key(idx)
-        self.memory.access(self.name, key, self.shared)
-        return self.array[key]
-
-    def __setitem__(self, idx, value):
-        key = self._key(idx)
-        self.memory.access(self.name, key, self.shared, float(value))
-        self.array[key] = value
-
-    def view(self, row):
-        return _Buffer(self.name, self.array, self.memory, self.shared, row)
-
-    def access_ptr(self, mask, ptr_type=None, offset=0):
-        return self, offset
-
-
-class _Fragment:
-    """A WMMA fragment: one 16 x 16 tile a thread (each lane of the warp holds the whole tile here)."""
-
-    def __init__(self, *_, **__):
-        self.tile = np.full((16, 16), np.nan)
-
-    @property
-    def data(self):
-        return self
-
-
-def _tile(pointer, ldm, layout):
-    """The 16 x 16 tile a WMMA load reads or a store writes: (buffer, flat index of (r, c)) pairs."""
-    buffer, offset = pointer
-    at = (lambda r, c: offset + r * ldm + c) if layout == "row_major" else (lambda r, c: offset + c * ldm + r)
-    return [(buffer, at(r, c), r, c) for r in range(16) for c in range(16)]
-
-
-class _T:
-    """What the step's TVMScript calls, in float64."""
-
-    min, max, unroll, vectorized = min, max, range, range
-    float32 = float
-    tanh, exp = math.tanh, math.exp
-
-    @staticmethod
-    def Cast(dtype, x):
-        return x
-
-    @staticmethod
-    def if_then_else(cond, a, b):
-        return a if cond else b
-
-    @staticmethod
-    def sigmoid(x):
-        return 1 / (1 + math.exp(-x))
-
-    # the tensor-core GEMM's block and WMMA calls (warp-wide: every lane does the whole tile here)
-    sblock_alloc_buffer = _Fragment
-
-    @staticmethod
-    def sblock(name):
-        return contextlib.nullcontext()
-
-    @staticmethod
-    def reads(*regions):
-        pass
-
-    writes = evaluate = reads
-
-    @staticmethod
-    def tvm_fill_fragment(frag, m, n, k, index, value, dtype=None):
-        frag.tile[:] = value
-
-    @staticmethod
-    def tvm_load_matrix_sync(frag, m, n, k, index, pointer, ldm, layout, dtype=None):
-        for buffer, i, r, c in _tile(pointer, ldm, layout):
-            frag.tile[r, c] = buffer[i]
-
-    @staticmethod
-    def tvm_mma_sync(d, di, a, ai, b, bi, c, ci, dtype=None):
-        d.tile[:] = a.tile @ b.tile + c.tile
-
-    @staticmethod
-    def tvm_store_matrix_sync(frag, m, n, k, index, pointer, ldm, layout, dtype=None):
-        for buffer, i, r, c in _tile(pointer, ldm, layout):
-            buffer[i] = frag.tile[r, c]
-
+# --- the step's text run in Python, one emulated thread at a time (tests/cuda_emulator.py) ------------------
 
 def _phases(lines):
     """The step's top-level statements split at its syncs: (code, ends with a grid sync)."""
@@ -425,23 +302,23 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0):
     kernel.staged = staged and kernel.staged
     x, params, states = (upcast(d) if isinstance(d, dict) else np.float64(d)
                          for d in random_inputs(cell, steps, batch, rng))
-    B, H, plan, memory = batch, cell.hidden_size, program.plan, _Memory()
-    env = {"T": _T}
+    B, H, plan, memory = batch, cell.hidden_size, program.plan, Memory()
+    env = {"T": T}
     for name, value in params.items():
-        env[name] = _Buffer(name, value, memory)
+        env[name] = Buffer(name, value, memory)
     for i, g in enumerate(plan.gemms):
         packed = np.concatenate([params[m.weight] for m in g.members]).T
-        env[f"w_packed{i}"] = _Buffer(f"w_packed{i}", packed, memory)
+        env[f"w_packed{i}"] = Buffer(f"w_packed{i}", packed, memory)
         if g.stage == 0:
-            env[g.name] = _Buffer(g.name, x.reshape(steps * B, -1) @ packed, memory)
+            env[g.name] = Buffer(g.name, x.reshape(steps * B, -1) @ packed, memory)
     seqs = {s: np.zeros(((steps + 1) * B, H)) for s in cell.states}
     for s in cell.states:
         seqs[s][:B] = states[s]
-        env[f"{s}_seq"] = _Buffer(f"{s}_seq", seqs[s], memory)
+        env[f"{s}_seq"] = Buffer(f"{s}_seq", seqs[s], memory)
     for kind, name, *_ in (b for b in kernel.blocks if not isinstance(b, _Gemm)):
         if f"{name}" not in {f"{s}_next" for s in cell.states}:
-            env[name] = _Buffer(name, np.zeros((B, H)), memory)
-    blocks = [{n: _Buffer(n, np.full(size, np.nan), memory, shared=True) for n, size, _, scope in kernel.buffers()
+            env[name] = Buffer(name, np.zeros((B, H)), memory)
+    blocks = [{n: Buffer(n, np.full(size, np.nan), memory, shared=True) for n, size, _, scope in kernel.buffers()
                if scope == "shared.dyn"} for _ in range(kernel.grid)]
     registers = {n: size for n, size, _, scope in kernel.buffers() if scope == "local"}
 
@@ -524,7 +401,7 @@ def test_emulator_finds_a_race():
 
     try:
         _Kernel.step = racy
-        with pytest.raises(_Race):
+        with pytest.raises(Race):
             _emulate(halstm.LSTM(I, H), 2, B, {"tensor_cores": False, **knobs})
     finally:
         _Kernel.step = step

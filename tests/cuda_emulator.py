@@ -1,0 +1,131 @@
+"""A CUDA kernel's TVMScript run in Python, one emulated thread at a time, in float64: ``T`` stands
+for TVMScript's namespace (math, casts, blocks, the WMMA calls), ``Buffer`` for a buffer whose every
+access ``Memory`` records to find races between threads (``Race``). Used by the persistent kernel's
+tests (its step text, phase by phase) and the weight-packing tests (TVM's lowered kernels)."""
+
+import contextlib
+import math
+
+import numpy as np
+
+
+class Race(AssertionError):
+    pass
+
+
+class Memory:
+    """Every buffer access of an emulated launch, to find races: within a phase between two
+    __syncthreads, an address one thread wrote and another thread of the block read or wrote (with
+    another value); in global memory, the same between blocks anywhere between two grid syncs."""
+
+    def __init__(self):
+        self.who, self.phase, self.interval = (0, 0), 0, 0
+        self.seen = {}
+
+    def access(self, name, key, shared, value=None):
+        epoch = (self.phase, self.who[0]) if shared else self.interval
+        for other, phase, wrote in self.seen.get((epoch, name, key), ()):
+            if other == self.who or (other[0] == self.who[0] and phase != self.phase):
+                continue  # the same thread, or the same block across a __syncthreads
+            if (value is None and wrote is None) or (value is not None and value == wrote):
+                continue  # two reads, or the same value written twice
+            raise Race(f"{name}{list(key)}: thread {self.who} and thread {other}")
+        self.seen.setdefault((epoch, name, key), []).append((self.who, self.phase, value))
+
+
+class Buffer:
+    def __init__(self, name, array, memory, shared=False, row=0):
+        self.name, self.array, self.memory, self.shared, self.row = name, array, memory, shared, row
+
+    def _key(self, idx):
+        key = idx if isinstance(idx, tuple) else (idx,)
+        key = (key[0] + self.row, *key[1:])
+        assert all(0 <= i < n for i, n in zip(key, self.array.shape)), f"{self.name}{list(key)} out of {self.array.shape}"
+        return key
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):  # a region in T.reads / T.writes
+            return None
+        key = self._key(idx)
+        self.memory.access(self.name, key, self.shared)
+        return self.array[key]
+
+    def __setitem__(self, idx, value):
+        key = self._key(idx)
+        self.memory.access(self.name, key, self.shared, float(value))
+        self.array[key] = value
+
+    def view(self, row):
+        return Buffer(self.name, self.array, self.memory, self.shared, row)
+
+    def access_ptr(self, mask, ptr_type=None, offset=0):
+        return self, offset
+
+
+class Fragment:
+    """A WMMA fragment: one 16 x 16 tile a thread (each lane of the warp holds the whole tile here)."""
+
+    def __init__(self, *_, **__):
+        self.tile = np.full((16, 16), np.nan)
+
+    @property
+    def data(self):
+        return self
+
+
+def tile(pointer, ldm, layout):
+    """The 16 x 16 tile a WMMA load reads or a store writes: (buffer, flat index of (r, c)) pairs."""
+    buffer, offset = pointer
+    at = (lambda r, c: offset + r * ldm + c) if layout == "row_major" else (lambda r, c: offset + c * ldm + r)
+    return [(buffer, at(r, c), r, c) for r in range(16) for c in range(16)]
+
+
+class T:
+    """What the step's TVMScript calls, in float64."""
+
+    min, max, unroll, vectorized = min, max, range, range
+    float32 = float
+    tanh, exp = math.tanh, math.exp
+
+    @staticmethod
+    def Cast(dtype, x):
+        return x
+
+    @staticmethod
+    def if_then_else(cond, a, b):
+        return a if cond else b
+
+    @staticmethod
+    def sigmoid(x):
+        return 1 / (1 + math.exp(-x))
+
+    # the tensor-core GEMM's block and WMMA calls (warp-wide: every lane does the whole tile here)
+    sblock_alloc_buffer = Fragment
+
+    @staticmethod
+    def sblock(name):
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def reads(*regions):
+        pass
+
+    writes = evaluate = reads
+
+    @staticmethod
+    def tvm_fill_fragment(frag, m, n, k, index, value, dtype=None):
+        frag.tile[:] = value
+
+    @staticmethod
+    def tvm_load_matrix_sync(frag, m, n, k, index, pointer, ldm, layout, dtype=None):
+        for buffer, i, r, c in tile(pointer, ldm, layout):
+            frag.tile[r, c] = buffer[i]
+
+    @staticmethod
+    def tvm_mma_sync(d, di, a, ai, b, bi, c, ci, dtype=None):
+        d.tile[:] = a.tile @ b.tile + c.tile
+
+    @staticmethod
+    def tvm_store_matrix_sync(frag, m, n, k, index, pointer, ldm, layout, dtype=None):
+        for buffer, i, r, c in tile(pointer, ldm, layout):
+            buffer[i] = frag.tile[r, c]
