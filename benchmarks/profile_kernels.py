@@ -2,8 +2,8 @@
 
     ncu --clock-control none --print-summary per-kernel python benchmarks/profile_kernels.py LSTM 4,64,1024 float32
 
---knobs takes a JSON object of knob overrides, passed to halstm.compile unchecked (the recipe's
-valid() is not asked: a profile may try what the recipe refuses).
+--knobs takes a JSON object of knob overrides for halstm.compile (which refuses a setting the recipe
+says cannot run; settings its tuner would skip as slow or redundant are allowed).
 """
 
 from __future__ import annotations

@@ -50,7 +50,10 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
         if recipe not in by_name:
             raise ValueError(f"unknown recipe {recipe!r}; built-in: {sorted(by_name)}")
         recipe = by_name[recipe]
-    knobs = recipe.resolve(program, target, knobs)
+    given, knobs = knobs, recipe.resolve(program, target, knobs)
+    if not recipe.runs(program, target, knobs):
+        raise ValueError(f"recipe '{recipe.name}' cannot run knobs {given} for {cell!r} on {target.key}: a tile or grid "
+                         f"past the target's limits (threads, registers, shared memory, co-residency)")
     layout = recipe.layout(program, target, knobs)
     if layout != program.layout:
         program = lower(cell, int(steps), int(batch), dtype, plan, layout)

@@ -142,14 +142,20 @@ class CudaStepLoop(Recipe):
         return {n: best[n] for n in self._TENSOR_CORE_STEP}
 
     def valid(self, program, target, knobs) -> bool:
-        """The tiles that run fit; knobs of a GEMM schedule that does not run stay at their first
-        value (they would only repeat a candidate)."""
-        size = BYTES[program.dtype]
+        """It runs; knobs of a GEMM schedule that does not run stay at their first value (they
+        would only repeat a candidate)."""
         return (all(knobs[name] == self.knobs[name][0] for name in self._unused(program, target, knobs))
-                and step_tile(knobs, program.batch).fits(size, target)  # the tile that runs
-                and hoisted_tile(knobs).fits(size, target)
-                and tensor_core_tile(knobs).fits(size, target)
-                and _step_tiles_fit(knobs, program, target, size))
+                and self.runs(program, target, knobs))
+
+    def runs(self, program, target, knobs) -> bool:
+        """The tiles that run fit: the hoisted GEMM's (tensor cores or FFMA), the step GEMM's FFMA
+        tile as it runs (it does on tensor cores too where the operand is computed, r * h) and its
+        tensor-core tiles."""
+        size = BYTES[program.dtype]
+        hoisted = (tensor_core_tile(knobs) if use_tensor_cores(knobs, program, target) else hoisted_tile(knobs))
+        return (hoisted.fits(size, target) and step_tile(knobs, program.batch).fits(size, target)
+                and (not use_tensor_cores(knobs, program, target, program.batch)
+                     or _step_tiles_fit(knobs, program, target, size)))
 
     def space(self, program, target) -> list[dict]:
         """As Recipe.space, but the unused knobs are not enumerated (the full product is 500K

@@ -120,9 +120,16 @@ class CudaPersistent(Recipe):
         return k
 
     def valid(self, program, target, knobs) -> bool:
+        """It runs; tc_hoisted_frags stays at its first value where the hoisted GEMM is not on
+        tensor cores (it would only repeat a candidate)."""
+        first = knobs["tc_hoisted_frags"] == self.knobs["tc_hoisted_frags"][0]
+        return self.runs(program, target, knobs) and (first or _hoisted_on_tensor_cores(program, target, knobs))
+
+    def runs(self, program, target, knobs) -> bool:
         """Co-resident (a grid of at most the SMs), whole units, a register tile that runs as chosen
         (no more rows than the batch, columns dividing the block's) or tensor cores that take the
-        dtype, registers and shared memory (tensor cores need the operand there)."""
+        dtype, registers and shared memory (tensor cores need the operand there), the hoisted GEMM's
+        tile within the target's limits."""
         H, B, U = program.cell.hidden_size, program.batch, knobs["units"]
         if H % U or H // U > target.sms or knobs["threads"] > target.max_threads:
             return False
@@ -136,12 +143,9 @@ class CudaPersistent(Recipe):
                 and _Kernel.plan(program, target, knobs) is not None)
 
     def _hoisted_tile_fits(self, program, target, knobs) -> bool:
-        """The hoisted GEMM's tensor-core tile fits, or without tensor cores its knob stays at its
-        first value (it would change nothing)."""
-        hoisted = _hoisted_knobs(program, target, knobs)
-        if use_tensor_cores(hoisted, program, target):
-            return tensor_core_tile(hoisted).fits(BYTES[program.dtype], target)
-        return knobs["tc_hoisted_frags"] == self.knobs["tc_hoisted_frags"][0]
+        if not _hoisted_on_tensor_cores(program, target, knobs):
+            return True
+        return tensor_core_tile(_hoisted_knobs(program, target, knobs)).fits(BYTES[program.dtype], target)
 
     def space(self, program, target) -> list[dict]:
         """As Recipe.space, but on tensor cores one register tile only (the first valid): there it
@@ -172,6 +176,10 @@ class CudaPersistent(Recipe):
             if not schedule_transpose(sch, block):
                 bind_flat(sch, block, step["threads"])
         return sch
+
+
+def _hoisted_on_tensor_cores(program, target, knobs) -> bool:
+    return use_tensor_cores(_hoisted_knobs(program, target, knobs), program, target)
 
 
 def _hoisted_knobs(program, target, knobs) -> dict:
