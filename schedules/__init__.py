@@ -3,7 +3,9 @@
 A recipe is a small class in the style of TVM's dlight rules: ``is_applicable(program, target)`` and
 ``apply(program, target, **knobs)``, which returns an ``s_tir.Schedule`` (its ``trace`` prints every
 rewrite made) or None. ``knobs`` names each tunable and its candidate values; the first is the default.
-Users write their own by subclassing ``Recipe``; ``recipes_for`` lists the built-in ones.
+``runs(program, target, knobs)`` says whether a setting can run at all (``halstm.compile`` refuses the
+others), ``valid`` whether the tuner should measure it. Users write their own by subclassing ``Recipe``;
+``recipes_for`` lists the built-in ones.
 """
 
 from __future__ import annotations
