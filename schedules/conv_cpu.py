@@ -39,10 +39,6 @@ class CpuConv(ConvRecipe):
              "gemm_tile": ((4, 2), (2, 4), (6, 2)), "panel": (64, 128), "depth": (512, 256, 1024),
              "chunk": (512, 256, 2048)}
 
-    def runs(self, program, target, knobs) -> bool:
-        """Every setting runs on a CPU: valid() prunes the tiles that spill."""
-        return True
-
     def valid(self, program, target, knobs) -> bool:
         registers = 32 if target.lanes == 16 else 16
         tiles = (knobs["taps_tile"], knobs["sum_tile"], knobs["gemm_tile"])

@@ -34,7 +34,7 @@ class CudaConv(ConvRecipe):
     knobs = {"gemm_block": (64, 128), "gemm_thread": (4, 8), "k_chunk": (16, 8), "chunk": (256, 64, 1024),
              "warps": (8, 4), "threads": (256, 128, 512)}
 
-    def valid(self, program, target, knobs) -> bool:
+    def runs(self, program, target, knobs) -> bool:
         """The GEMM tile runs as chosen (threads, registers, static shared memory at the widest
         element, fp32) and the other blocks' threads are within the target's."""
         b, t = knobs["gemm_block"], knobs["gemm_thread"]

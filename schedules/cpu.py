@@ -47,10 +47,6 @@ class CpuStepLoop(Recipe):
         fits = rows * vectors + vectors + 1 < registers
         return fits and (batch % rows == 0 or rows > batch)
 
-    def runs(self, program, target, knobs) -> bool:
-        """Every setting runs on a CPU: valid() prunes the slow ones."""
-        return True
-
     def apply(self, program, target, **knobs) -> Schedule:
         k = self.resolve(program, target, knobs)
         sch = Schedule(program.mod)

@@ -123,7 +123,8 @@ class CudaPersistent(Recipe):
         """It runs; tc_hoisted_frags stays at its first value where the hoisted GEMM is not on
         tensor cores (it would only repeat a candidate)."""
         first = knobs["tc_hoisted_frags"] == self.knobs["tc_hoisted_frags"][0]
-        return self.runs(program, target, knobs) and (first or _hoisted_on_tensor_cores(program, target, knobs))
+        hoisted = _hoisted_knobs(program, target, knobs)
+        return (first or use_tensor_cores(hoisted, program, target)) and self.runs(program, target, knobs)
 
     def runs(self, program, target, knobs) -> bool:
         """Co-resident (a grid of at most the SMs), whole units, a register tile that runs as chosen
@@ -139,13 +140,11 @@ class CudaPersistent(Recipe):
                 return False
         elif tm > B or (_widest(program) // H * U) % tn:
             return False
-        return (tm * tn + (tm + tn) * VECTOR <= MAX_TILE_REGISTERS and self._hoisted_tile_fits(program, target, knobs)
+        hoisted = _hoisted_knobs(program, target, knobs)
+        return (tm * tn + (tm + tn) * VECTOR <= MAX_TILE_REGISTERS
+                and (not use_tensor_cores(hoisted, program, target)
+                     or tensor_core_tile(hoisted).fits(BYTES[program.dtype], target))
                 and _Kernel.plan(program, target, knobs) is not None)
-
-    def _hoisted_tile_fits(self, program, target, knobs) -> bool:
-        if not _hoisted_on_tensor_cores(program, target, knobs):
-            return True
-        return tensor_core_tile(_hoisted_knobs(program, target, knobs)).fits(BYTES[program.dtype], target)
 
     def space(self, program, target) -> list[dict]:
         """As Recipe.space, but on tensor cores one register tile only (the first valid): there it
@@ -176,10 +175,6 @@ class CudaPersistent(Recipe):
             if not schedule_transpose(sch, block):
                 bind_flat(sch, block, step["threads"])
         return sch
-
-
-def _hoisted_on_tensor_cores(program, target, knobs) -> bool:
-    return use_tensor_cores(_hoisted_knobs(program, target, knobs), program, target)
 
 
 def _hoisted_knobs(program, target, knobs) -> dict:

@@ -30,15 +30,15 @@ class Recipe:
         """The knob values used without tuning (the first candidate of each)."""
         return {k: v[0] for k, v in self.knobs.items()}
 
-    def valid(self, program, target, knobs: dict) -> bool:
-        """Whether a knob setting is worth measuring here: it runs (``runs``), and a recipe may also
-        prune settings known to be slow or to repeat another. The tuner measures only these."""
-        return True
-
     def runs(self, program, target, knobs: dict) -> bool:
         """Whether a knob setting can run here at all (threads, registers, shared memory,
         co-residency): ``halstm.compile`` refuses the others, naming them."""
-        return self.valid(program, target, knobs)
+        return True
+
+    def valid(self, program, target, knobs: dict) -> bool:
+        """Whether a knob setting is worth measuring here (the tuner measures only these): it runs,
+        and a recipe may also prune settings known to be slow or to repeat another."""
+        return self.runs(program, target, knobs)
 
     def space(self, program, target) -> list[dict]:
         """Every valid knob setting."""
