@@ -129,15 +129,13 @@ class CudaStepLoop(Recipe):
         depth = max((g.depth for stage in program.plan.stages for g in stage), default=0)
         if not depth:
             return {}
-        first = {**knobs, "tc_fill": True}
-        options = [{**first, "tc_step_k": bk, "tc_prefetch": prefetch}
-                   for bk in self.knobs["tc_step_k"] for prefetch in self.knobs["tc_prefetch"]]
+        options = [{**knobs, "tc_fill": True, "tc_prefetch": False, "tc_step_k": bk} for bk in self.knobs["tc_step_k"]]
         options = [o for o in options if _step_tiles_fit(o, program, target, size)]
         if not options:
             return {}
         def cost(o):
             tiles = -(-depth // o["tc_step_k"])
-            return (depth % o["tc_step_k"] != 0 and tiles > 1, tiles, o["tc_prefetch"], o["tc_step_k"])
+            return (depth % o["tc_step_k"] != 0 and tiles > 1, tiles, o["tc_step_k"])
         best = min(options, key=cost)
         return {n: best[n] for n in self._TENSOR_CORE_STEP}
 

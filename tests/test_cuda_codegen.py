@@ -319,7 +319,7 @@ def test_step_gemm_prefetches_the_next_k_tile(prefetch, tmp_path):
 
 # cells x dtypes x shapes x step-GEMM settings, nvcc compiles each: a Latin square (each cell meets
 # each shape and each setting; fp16 and bf16 alternate), defaults (narrowed, K tile from the
-# target, prefetched where more than one K tile) and explicit ones; ragged B and H included
+# target, not prefetched) and explicit ones; ragged B and H included
 STEP_SETTINGS = [{}, {"tc_step_k": 64, "tc_prefetch": True}, {"tc_step_k": 16, "tc_prefetch": True, "tc_fill": False},
                  {"tc_step_k": 32, "tc_prefetch": False, "tc_fill": False, "tc_hoisted_frags": 4}]
 STEP_SHAPES = [(64, 1024), (20, 48), (16, 512), (17, 40)]
