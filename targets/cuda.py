@@ -69,27 +69,32 @@ class CudaTarget:
         PrimFunc does not reach the kernel), so this is ``tvm.tirx.build`` with one step between
         the split and the device finalisation.
         """
-        # TVM's common-subexpression pass hands a step's row offset (t * B * H) to the kernel as an
-        # opaque argument; the code generator then cannot prove a 16-byte load through a state's
-        # row view aligned and gathers instead (for fp16, a make_uint4 of eight halves that nvcc
-        # rejects). nvcc eliminates common subexpressions itself. The caller's context (opt level,
-        # instruments, other config) stays in force.
-        outer = tvm.transform.PassContext.current()
-        with tvm.transform.PassContext(outer.opt_level, list(outer.required_pass), list(outer.disabled_pass),
-                                       list(outer.instruments), {**outer.config, "tirx.disable_cse_tir": True}):
-            return self._build(mod, cooperative)
+        with self._context():
+            if not cooperative:
+                return tvm.compile(mod, target=self.tvm_target)
+            host_mod, device_mods = self.split(mod)
+            _, finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(self.tvm_target)
+            device_mods = {t: finalize_device()(_mark_cooperative(m)) for t, m in device_mods.items()}
+            return tir_to_runtime(finalize_host()(host_mod), device_mods, Target(self.tvm_target.host))
 
-    def _build(self, mod: tvm.IRModule, cooperative: bool):
-        if not cooperative:
-            return tvm.compile(mod, target=self.tvm_target)
-        target = self.tvm_target
-        mod = tvm.tirx.transform.BindTarget(target)(mod)
-        pipeline, finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(target)
-        host_mod, device_mods = split_host_device_mods(pipeline(mod))
-        device_mods = {t: _mark_cooperative(m) for t, m in device_mods.items()}
-        host_mod = finalize_host()(host_mod)
-        device_mods = {t: finalize_device()(m) for t, m in device_mods.items()}
-        return tir_to_runtime(host_mod, device_mods, Target(target.host))
+    def split(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
+        """``mod`` through TVM's default TIR pipeline for this target, as ``build`` lowers it, split
+        into the host module and the device modules (the kernels, before code generation)."""
+        with self._context():
+            target = self.tvm_target
+            pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(target)
+            return split_host_device_mods(pipeline(tvm.tirx.transform.BindTarget(target)(mod)))
+
+    @staticmethod
+    def _context() -> tvm.transform.PassContext:
+        """The caller's pass context (opt level, instruments, other config) without TIR CSE: TVM's
+        common-subexpression pass hands a step's row offset (t * B * H) to the kernel as an opaque
+        argument; the code generator then cannot prove a 16-byte load through a state's row view
+        aligned and gathers instead (for fp16, a make_uint4 of eight halves that nvcc rejects).
+        nvcc eliminates common subexpressions itself."""
+        outer = tvm.transform.PassContext.current()
+        return tvm.transform.PassContext(outer.opt_level, list(outer.required_pass), list(outer.disabled_pass),
+                                         list(outer.instruments), {**outer.config, "tirx.disable_cse_tir": True})
 
 
 def _mark_cooperative(mod: tvm.IRModule) -> tvm.IRModule:

@@ -19,7 +19,6 @@ from halstm.schedules import CudaStepLoop
 from halstm.schedules.cuda import hoisted_tile, step_tile
 from halstm.schedules.cuda_tensorcore import tensorize_works
 from halstm.targets import CudaTarget
-from tvm.tirx.build import split_host_device_mods
 
 from conftest import TOLERANCE, random_inputs, rel_err, upcast
 from cuda_emulator import Buffer, Memory, T
@@ -361,10 +360,7 @@ class _KernelT(T):
 def _device_kernels(mod) -> dict:
     """The kernels (device PrimFuncs, by name) TVM's CUDA pipeline makes of ``mod``, as H100.build
     lowers them before code generation."""
-    target = H100.tvm_target
-    pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(target)
-    with tvm.transform.PassContext(config={"tirx.disable_cse_tir": True}):
-        _, device = split_host_device_mods(pipeline(tvm.tirx.transform.BindTarget(target)(mod)))
+    _, device = H100.split(mod)
     return {gv.name_hint: f for m in device.values() for gv, f in m.functions.items()}
 
 
