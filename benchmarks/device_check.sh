@@ -6,7 +6,7 @@
 #
 # Stages (default: all, in this order), each writing into $OUT:
 #   tests   every GPU test (pytest -m gpu, 12 workers)                      pytest.log       ~2 min
-#   sweep   knob settings not yet defaults, against the defaults and cuDNN  sweep-*.md/json  ~2 min
+#   sweep   knob settings not yet defaults, against the defaults and cuDNN  sweep-*.md/json  (not yet timed)
 #   table   benchmarks/gpu.py on issue 3's shapes, fp16 and fp32            results.*        (not yet timed)
 # Run from /tmp: the bare halstm/ folder of the checkout would shadow the installed package.
 set -u

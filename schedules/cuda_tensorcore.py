@@ -94,8 +94,9 @@ class TensorCoreTile:
         """Threads within the block limit; shared memory as TVM's CUDA runtime launches it: the
         static tiles within 48 KiB, and with the dynamic one within 48 KiB too, unless the dynamic
         one alone reaches 48 KiB, when the runtime opts the kernel in to the block's maximum
-        (cuda_module.cc). H100: a 64 x 128 tile with K=64 (26 KiB static, 33 KiB dynamic) failed to
-        launch (CUDA_ERROR_INVALID_VALUE), a 128 x 128 one with K=32 (19 KiB, 66 KiB) ran. The
+        (cuda_module.cc). H100: six settings whose step tile breaks this rule (64 x 128 with K=64: 26
+        KiB static, 33 KiB dynamic) failed to launch (CUDA_ERROR_INVALID_VALUE; the failing kernel
+        inferred, ncu did not name it), a 128 x 128 one with K=32 (19 KiB, 66 KiB) ran. The
         prefetched tiles within a quarter of a thread's 255 registers."""
         static, dynamic = self.static_bytes(size), self.dynamic_bytes()
         limit = target.shared_memory if dynamic >= target.static_shared_memory else target.static_shared_memory

@@ -261,8 +261,9 @@ def test_step_tensor_core_knobs_pruned_where_they_do_not_fit():
 
 def test_tensor_core_tiles_fit_as_the_runtime_launches_them():
     """TVM's CUDA runtime opts a kernel in past 48 KiB of shared memory only when its dynamic part
-    (the C tile) alone reaches 48 KiB. H100: 64 x 128 with K=64 (26 KiB static + 33 KiB dynamic)
-    failed to launch; 128 x 128 with K=32 (19 + 66 KiB) ran; 64 x 64 with K=64 fits in 48 KiB."""
+    (the C tile) alone reaches 48 KiB. H100: settings whose step tile was 64 x 128 with K=64 (26 KiB
+    static + 33 KiB dynamic) failed to launch (the failing kernel inferred); 128 x 128 with K=32
+    (19 + 66 KiB) ran; 64 x 64 with K=64 fits in 48 KiB."""
     from halstm.schedules.cuda_tensorcore import TensorCoreTile
 
     assert not TensorCoreTile(2, 4, 2, 2, 64).fits(2, H100)

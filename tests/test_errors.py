@@ -97,7 +97,7 @@ def test_nan_propagates_along_its_batch_row_only(lstm, rng):
 
 def test_compile_refuses_knobs_that_cannot_run():
     """A knob setting past the target's limits is refused before anything is built, naming it (on
-    an H100 the 64 x 128 step tile with K=64 failed to launch: CUDA_ERROR_INVALID_VALUE; a
+    an H100 settings with a 64 x 128 step tile, K=64, failed to launch: CUDA_ERROR_INVALID_VALUE; a
     persistent grid of more blocks than SMs cannot be co-resident); on a CPU every setting runs,
     the slow ones included."""
     from halstm.schedules.cuda_tensorcore import tensorize_works
