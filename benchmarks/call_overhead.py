@@ -12,27 +12,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import time
 
-import numpy as np
 import torch
 
 import halstm
+from halstm.bench import median_ms
 from halstm.cells import BUILTIN
 from halstm.targets import CudaTarget
-
-
-def wall_us(fn, sync, reps: int) -> float:
-    for _ in range(10):
-        fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return 1e6 * float(np.median(times))
 
 
 def main():
@@ -53,8 +39,8 @@ def main():
     states = {s: torch.randn(B, H, dtype=dt, device=a.device) for s in cell.states}
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
 
-    call = wall_us(lambda: f(x, params, states), sync, a.reps)
-    prepared = wall_us(f.prepare(x, params, states), sync, a.reps)
+    call = 1e3 * median_ms(lambda: f(x, params, states), a.reps, warmup=10, sync=sync)
+    prepared = 1e3 * median_ms(f.prepare(x, params, states), a.reps, warmup=10, sync=sync)
     print(f"{a.cell} T={T} B={B} H={H} {a.dtype} on {a.device}, recipe {f.recipe.name}: call {call:.1f} us, "
           f"prepared {prepared:.1f} us, overhead {call - prepared:.1f} us")
     profile = cProfile.Profile()

@@ -12,28 +12,15 @@ DIR/tune-results.md.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
 import halstm
+from halstm.bench import median_ms
 from halstm.database import Database
 from halstm.targets import resolve
-
-
-def median_ms(run, sync, repeat=20):
-    for _ in range(3):
-        run()
-    sync()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        sync()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
 
 
 def measure_shape(T, B, H, dtype, target, device, sync, db, trials) -> str:
@@ -42,19 +29,19 @@ def measure_shape(T, B, H, dtype, target, device, sync, db, trials) -> str:
     x = torch.randn(T, B, H, device=device).to(dt)
     params = {k: torch.from_numpy(v).to(device, dt) for k, v in cell.init_parameters(seed=0).items()}
     default = halstm.compile(cell, T, B, dtype, target=target, database=False)
-    default_ms = median_ms(default.prepare(x, params), sync)
+    default_ms = median_ms(default.prepare(x, params), 20, warmup=3, sync=sync)
     start = time.perf_counter()
     halstm.tune(cell, T, B, dtype, target, database=db, trials=trials)
     tuning_s = time.perf_counter() - start
     tuned = halstm.compile(cell, T, B, dtype, target=target, database=db)
-    tuned_ms = median_ms(tuned.prepare(x, params), sync)
+    tuned_ms = median_ms(tuned.prepare(x, params), 20, warmup=3, sync=sync)
     lstm = torch.nn.LSTM(H, H).to(device, dt)
     with torch.no_grad():
-        torch_ms = median_ms(lambda: lstm(x), sync)
+        torch_ms = median_ms(lambda: lstm(x), 20, warmup=3, sync=sync)
         strict_ms = None
         if device == "cuda" and dtype == "float32":
             torch.backends.cudnn.allow_tf32 = False
-            strict_ms = median_ms(lambda: lstm(x), sync)
+            strict_ms = median_ms(lambda: lstm(x), 20, warmup=3, sync=sync)
             torch.backends.cudnn.allow_tf32 = True
     strict = "-" if strict_ms is None else f"{strict_ms:.3f}"
     return (f"| {T} | {B} | {H} | {dtype} | {default_ms:.3f} ({default.recipe.name}) | {tuned_ms:.3f} "

@@ -34,15 +34,9 @@ class Row:
     numpy_ms: float | None
 
 
-def median_ms(fn, repeat: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+def median_ms(fn, repeat: int, warmup: int = 2, sync=None) -> float:
+    """Median wall-clock ms of ``repeat`` calls after ``warmup`` (``sync`` waits for the device)."""
+    return alternating_median_ms({"fn": fn}, sync or (lambda: None), warmup, repeat)["fn"]
 
 
 def alternating_median_ms(fns: dict, sync, warmup: int, repeat: int) -> dict[str, float]:
