@@ -123,7 +123,7 @@ class CudaPersistent(Recipe):
         """It runs; tc_hoisted_frags stays at its first value where the hoisted GEMM is not on
         tensor cores (it would only repeat a candidate)."""
         first = knobs["tc_hoisted_frags"] == self.knobs["tc_hoisted_frags"][0]
-        hoisted = _hoisted_knobs(program, target, knobs)
+        hoisted = _prologue_knobs(program, target, knobs)
         return (first or use_tensor_cores(hoisted, program, target)) and self.runs(program, target, knobs)
 
     def runs(self, program, target, knobs) -> bool:
@@ -140,7 +140,7 @@ class CudaPersistent(Recipe):
                 return False
         elif tm > B or (_widest(program) // H * U) % tn:
             return False
-        hoisted = _hoisted_knobs(program, target, knobs)
+        hoisted = _prologue_knobs(program, target, knobs)
         return (tm * tn + (tm + tn) * VECTOR <= MAX_TILE_REGISTERS
                 and (not use_tensor_cores(hoisted, program, target)
                      or tensor_core_tile(hoisted).fits(BYTES[program.dtype], target))
@@ -166,18 +166,18 @@ class CudaPersistent(Recipe):
         if kernel is None:
             return None
         sch = Schedule(tvm.IRModule({"main": kernel.func()}))
-        step = _hoisted_knobs(program, target, k)
+        prologue = _prologue_knobs(program, target, k)
         inline_elementwise(sch, sch.get_sblock("prologue"))
         gemms, others = child_blocks(sch, "prologue", program)
         for gemm in gemms:  # the hoisted GEMM as the step loop runs it (tensor cores for fp16/bf16)
-            schedule_gemm(sch, gemm, step, program, target, step=False)
+            schedule_gemm(sch, gemm, prologue, program, target, step=False)
         for block in others:
             if not schedule_transpose(sch, block):
-                bind_flat(sch, block, step["threads"])
+                bind_flat(sch, block, prologue["threads"])
         return sch
 
 
-def _hoisted_knobs(program, target, knobs) -> dict:
+def _prologue_knobs(program, target, knobs) -> dict:
     """The step loop's defaults for the prologue, with this recipe's hoisted-GEMM fragments."""
     return {**CudaStepLoop().defaults(program, target), "tc_hoisted_frags": knobs["tc_hoisted_frags"]}
 
