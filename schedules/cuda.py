@@ -66,7 +66,7 @@ class CudaStepLoop(Recipe):
         # tc_k at a time. H100, LSTM fp16 T=100 B=64 H=1024, the hoisted GEMM (6400 x 4096 x 1024,
         # ncu): 2 x 2 warps of 2 x 2 fragments (64 x 64) 340 us, of 4 x 4 (128 x 128, its C tile
         # in 66 KiB of dynamic shared memory) 282 us, 2 x 4 warps of 2 x 2 (64 x 128) 298 us; the
-        # default stays at 64 x 64 until a whole call and its results are checked on a GPU
+        # default is 128 x 128 where its grid fills the SMs (_hoisted_fragments)
         "tensor_cores": (True, False),
         "tc_warps_m": (2, 1, 4),
         "tc_warps_n": (2, 4),
@@ -95,6 +95,8 @@ class CudaStepLoop(Recipe):
         H100's 132 SMs and the step GEMM ran at 5.8 TFLOP/s (ncu: 92 us a step); and widened until
         a block has a warp's threads."""
         k = super().defaults(program, target)
+        if target is not None and use_tensor_cores(k, program, target):
+            k["tc_hoisted_frags"] = _hoisted_fragments(k, program, target)
         if target is not None and use_tensor_cores(k, program, target, program.batch):
             # the FFMA step knobs stay at their first value, as valid() wants of unused knobs
             return {**k, **self._step_tensor_core_defaults(program, target, k)}
@@ -249,6 +251,20 @@ def step_tensor_core_tile(knobs: dict, rows: int, cols: int, target) -> TensorCo
     tile = replace(tensor_core_tile(knobs, hoisted=False).for_rows(rows), bk=knobs["tc_step_k"],
                    prefetch=knobs["tc_prefetch"])
     return tile.filling(rows, cols, target.sms) if knobs["tc_fill"] else tile
+
+
+def _hoisted_fragments(knobs: dict, program, target) -> int:
+    """The hoisted GEMM's fragments a warp: 4 x 4 (128 x 128 tiles) where their grid still has a
+    block for every SM and the tile fits, else the first value (64 x 64). H100, fp16 T=100, whole
+    calls (benchmarks/knob_sweep.py, docs/gpu-results.md "eighth run"), ms 64 x 64 -> 128 x 128:
+    LSTM B=64 H=1024 persistent 1.175 -> 1.101, B=16 H=512 persistent 0.356 -> 0.347, B=256 H=1024
+    step loop 3.889 -> 3.441 (ncu, the GEMM alone at B=64: 340 -> 282 us)."""
+    rows = program.steps * program.batch
+    cols = max((g.rows for g in program.plan.hoisted), default=0)
+    wide = {**knobs, "tc_hoisted_frags": 4}
+    tile = tensor_core_tile(wide).for_rows(rows)
+    blocks = -(-rows // tile.bm) * -(-cols // tile.bn)
+    return 4 if blocks >= target.sms and tile.fits(BYTES[program.dtype], target) else knobs["tc_hoisted_frags"]
 
 
 def _step_tiles_fit(knobs: dict, program, target, size: int) -> bool:

@@ -109,9 +109,11 @@ class CudaPersistent(Recipe):
     def defaults(self, program, target) -> dict:
         """The fewest units that keep the grid within the SMs (the largest grid); the largest row tile
         within the batch; the largest column tile that divides the block's columns; tensor cores
-        where the dtype and arch allow them and the batch fills a fragment's 16 rows."""
+        where the dtype and arch allow them and the batch fills a fragment's 16 rows; the hoisted
+        GEMM's fragments as the step loop's."""
         H, B = program.cell.hidden_size, program.batch
         k = super().defaults(program, target)
+        k["tc_hoisted_frags"] = CudaStepLoop().defaults(program, target)["tc_hoisted_frags"]
         k["units"] = next(u for u in range(1, H + 1) if H % u == 0 and H // u <= target.sms)
         k.update(_register_tile(program, k["units"]))
         k["tensor_cores"] = tensor_cores_available(program.dtype, target) and B >= TENSOR_CORE_MIN_ROWS

@@ -15,7 +15,7 @@ import tvm
 
 import halstm
 from halstm import schedules
-from halstm.schedules import CudaStepLoop
+from halstm.schedules import CudaPersistent, CudaStepLoop
 from halstm.schedules.cuda import hoisted_tile, step_tile
 from halstm.schedules.cuda_tensorcore import tensorize_works
 from halstm.targets import CudaTarget
@@ -275,7 +275,8 @@ def test_tensor_core_tiles_fit_as_the_runtime_launches_them():
 def test_hoisted_gemm_has_its_own_fragments():
     """tc_hoisted_frags sizes the hoisted GEMM's tile alone: at B=256, H=1024 4 x 4 fragments
     make a 128 x 128 hoisted tile (valid: its C tile opts in to dynamic shared memory) while the
-    step GEMM keeps its 64 x 64 tile and K=64; the default stays 2 x 2 (64 x 64)."""
+    step GEMM keeps its 64 x 64 tile and K=64. It is the default where the 128 x 128 grid has a
+    block for every SM: at T=2 (512 x 4096: 128 blocks for 132 SMs) it stays 2 x 2 (64 x 64)."""
     from halstm.schedules.cuda import step_tensor_core_tile, tensor_core_tile
 
     recipe = CudaStepLoop()
@@ -283,6 +284,9 @@ def test_hoisted_gemm_has_its_own_fragments():
     if not tensorize_works():
         pytest.skip("no tensor cores here")
     assert recipe.defaults(program, H100)["tc_hoisted_frags"] == 2
+    longer = halstm.lower(halstm.LSTM(1024, 1024), steps=3, batch=256, dtype="float16")
+    assert recipe.defaults(longer, H100)["tc_hoisted_frags"] == 4
+    assert CudaPersistent().defaults(longer, H100)["tc_hoisted_frags"] == 4
     knobs = recipe.resolve(program, H100, {"tc_hoisted_frags": 4})
     assert recipe.valid(program, H100, knobs)
     assert (tensor_core_tile(knobs).bm, tensor_core_tile(knobs).bn) == (128, 128)
