@@ -33,16 +33,22 @@ SHAPES = [(100, 1, 256), (100, 16, 512), (100, 64, 1024), (100, 256, 1024), (512
           (100, 64, 2048), (1024, 16, 768), (100, 8, 512)]
 CELLS = {"LSTM": halstm.LSTM, "GRU": halstm.GRU, "PeepholeLSTM": halstm.PeepholeLSTM,
          "ResetBeforeGRU": halstm.ResetBeforeGRU}
-TOL = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
+TOL = {"float32": 1e-5, "tf32": 1e-3, "float16": 1e-2, "bfloat16": 1e-2}
+# "tf32": float32 tensors, GEMMs on tensor cores as TF32 (halstm.compile's allow_tf32; cuDNN's default)
 RECIPES = [r.name for r in schedules.BUILTIN if r.name.startswith("cuda")]
 CHECK_SHAPE = (3, 2, 20, 24)  # T, B, I, H
+
+
+def storage(dtype: str) -> str:
+    """The tensors' dtype of a benchmark dtype."""
+    return "float32" if dtype == "tf32" else dtype
 
 
 def applicable(name, T, B, I, H, dtype, recipe, target, every_recipe=False) -> bool:
     r = next(r for r in schedules.BUILTIN if r.name == recipe)
     if recipe == "cuda-persistent" and B > PREFERRED_MAX_BATCH and not every_recipe:
         return False  # slower than the step loop there (docs/gpu-results.md); --every-recipe times it
-    return r.is_applicable(halstm.lower(CELLS[name](I, H), T, B, dtype), target)
+    return r.is_applicable(halstm.lower(CELLS[name](I, H), T, B, storage(dtype), allow_tf32=dtype == "tf32"), target)
 
 
 def build(job, target, folder):
@@ -51,7 +57,8 @@ def build(job, target, folder):
     name, T, B, I, H, dtype, recipe = job
     start = time.time()
     try:
-        halstm.export(halstm.compile(CELLS[name](I, H), T, B, dtype, target=target, recipe=recipe), path)
+        halstm.export(halstm.compile(CELLS[name](I, H), T, B, storage(dtype), target=target, recipe=recipe,
+                                     allow_tf32=dtype == "tf32"), path)
         return job, round(time.time() - start, 1), None
     except Exception as e:  # recorded, the run goes on
         return job, None, str(e).strip().splitlines()[-1][:200]
@@ -80,7 +87,7 @@ class Built:
 def inputs(cell, T, B, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     bound = 1 / cell.hidden_size ** 0.5
-    dt = getattr(torch, dtype)
+    dt = getattr(torch, storage(dtype))
     x = torch.randn(T, B, cell.input_size, generator=g).to(dt).cuda()
     params = {n: ((torch.rand(s, generator=g) * 2 - 1) * bound).to(dt).cuda() for n, s in cell.parameters().items()}
     states = {s: (0.5 * torch.randn(B, cell.hidden_size, generator=g)).to(dt).cuda() for s in cell.states}
@@ -149,9 +156,13 @@ def graphed(fn):
 
 def measured_peak(dtype: str, n: int = 8192) -> float:
     """TFLOP/s of torch.matmul of two n x n matrices: fp32 without TF32 (torch's default for matmul)
-    is the FFMA peak halstm's fp32 GEMMs can reach, fp16/bf16 the tensor cores' peak."""
-    a, b = (torch.randn(n, n, device="cuda", dtype=getattr(torch, dtype)) for _ in range(2))
-    return 2 * n ** 3 / timed(lambda: a @ b) / 1e9
+    is the FFMA peak halstm's fp32 GEMMs can reach, tf32 and fp16/bf16 the tensor cores' peaks."""
+    a, b = (torch.randn(n, n, device="cuda", dtype=getattr(torch, storage(dtype))) for _ in range(2))
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        return 2 * n ** 3 / timed(lambda: a @ b) / 1e9
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def torch_cell(name, p):
@@ -205,7 +216,7 @@ def bench(built, shapes, dtypes, use_compile, use_graphs, out):
                     except Exception as e:
                         row[f"{recipe} graph error"] = str(e).splitlines()[-1][:200]
                 if name in ("LSTM", "GRU"):
-                    mod = getattr(torch.nn, name)(H, H).cuda().to(getattr(torch, dtype))
+                    mod = getattr(torch.nn, name)(H, H).cuda().to(getattr(torch, storage(dtype)))
                     mod.load_state_dict({f"{k}_l0": v for k, v in p.items()})
                     hx = (s["h"][None], s["c"][None]) if name == "LSTM" else s["h"][None]
                     with torch.no_grad():
@@ -285,7 +296,7 @@ def plot(rows, path):
     fig, ax = plt.subplots(figsize=(11, 4.5))
     labels, series = [], {k: [] for k in RECIPES + ["cudnn", "torch.compile"]}
     for r in rows:
-        labels.append(f"{r['cell'][:5]} {r['dtype'][5:]}\n{r['T']},{r['B']},{r['H']}")
+        labels.append(f"{r['cell'][:5]} {r['dtype'].removeprefix('float')}\n{r['T']},{r['B']},{r['H']}")
         for k in series:
             series[k].append(1000 * r[k] / r["T"] if r.get(k) else np.nan)
     xs = np.arange(len(labels))
@@ -303,7 +314,7 @@ def plot(rows, path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(map(str, range(len(SHAPES)))))
-    ap.add_argument("--dtypes", default="float32,float16")
+    ap.add_argument("--dtypes", default="float32,tf32,float16")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (20-30 s a cell)")
     ap.add_argument("--every-recipe", action="store_true",

@@ -24,20 +24,23 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     recipe=None,
     knobs: dict | None = None,
     database=None,
+    allow_tf32: bool = False,
 ) -> CompiledCell:
     """Compile ``cell`` for sequences of ``steps`` steps and ``batch`` rows.
 
     ``target`` is "cpu", "cuda" or a ``halstm.targets`` object; ``recipe`` a recipe (or its name)
     from ``halstm.schedules``, ``knobs`` overrides its defaults. Given neither, the best record of
     the tuning database (``database``: a path or ``halstm.database.Database``; False to skip it)
-    decides, else the first recipe that applies with its default knobs.
+    decides, else the first recipe that applies with its default knobs. ``allow_tf32`` lets float32
+    GEMMs run on tensor cores as TF32 (operands rounded to 10 mantissa bits, as cuDNN and cuBLAS do
+    by default; relative error ~1e-3 instead of ~1e-6) where the GPU has them (sm_80+).
     """
     check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)
     plan = make_plan(cell)
-    program = lower(cell, int(steps), int(batch), dtype, plan)
+    program = lower(cell, int(steps), int(batch), dtype, plan, allow_tf32=allow_tf32)
     if recipe is None and knobs is None and database is not False:
-        best = _tuned(cell, int(steps), int(batch), dtype, target, database)
+        best = _tuned(cell, int(steps), int(batch), dtype, target, database, allow_tf32)
         if best is not None:
             recipe, knobs = best.recipe, best.knobs
     if recipe is None:
@@ -56,7 +59,7 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
                          f"past the target's limits (threads, registers, shared memory, co-residency)")
     layout = recipe.layout(program, target, knobs)
     if layout != program.layout:
-        program = lower(cell, int(steps), int(batch), dtype, plan, layout)
+        program = lower(cell, int(steps), int(batch), dtype, plan, layout, allow_tf32)
     schedule = recipe.apply(program, target, **knobs)
     if schedule is None:
         raise ValueError(f"recipe '{recipe.name}' does not apply to {cell!r} on {target}")
@@ -74,12 +77,13 @@ def check_problem(cell: Cell, steps, batch, dtype) -> None:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
 
 
-def _tuned(cell, steps, batch, dtype, target, database):
+def _tuned(cell, steps, batch, dtype, target, database, allow_tf32):
     """The best record for this problem among the built-in recipes (those compile can name)."""
     db = database if isinstance(database, Database) else Database(database)
     if not db.path.exists():
         return None
-    return db.best(tuning_key(cell, steps, batch, dtype, target), {r.name for r in schedules.BUILTIN})
+    key = tuning_key(cell, steps, batch, dtype, target, allow_tf32)
+    return db.best(key, {r.name for r in schedules.BUILTIN})
 
 
 class CompiledCell(SequenceFunction):
@@ -96,7 +100,7 @@ class CompiledCell(SequenceFunction):
 
     def __repr__(self):
         p = self.program
-        return (f"<compiled {p.cell!r} T={p.steps} B={p.batch} {p.dtype} on {self.target.key} "
+        return (f"<compiled {p.cell!r} T={p.steps} B={p.batch} {p.dtype}{' (TF32)' * p.allow_tf32} on {self.target.key} "
                 f"with {self.recipe.name} {self.knobs}>")
 
 

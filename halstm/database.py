@@ -24,7 +24,9 @@ def default_path() -> Path:
     return cache / "halstm" / "tuning.jsonl"
 
 
-def tuning_key(cell, steps: int, batch: int, dtype: str, target) -> dict:
+def tuning_key(cell, steps: int, batch: int, dtype: str, target, allow_tf32: bool = False) -> dict:
+    """What a record is for; ``allow_tf32`` appears only when set (records made before it keep
+    their keys)."""
     from .lowering import cell_hash
 
     return {
@@ -36,7 +38,7 @@ def tuning_key(cell, steps: int, batch: int, dtype: str, target) -> dict:
         "batch": batch,
         "dtype": dtype,
         "target": target.key,
-    }
+    } | ({"allow_tf32": True} if allow_tf32 else {})
 
 
 @dataclass

@@ -56,6 +56,7 @@ def export(compiled, path) -> Path:
         "target": {"kind": target.kind, "key": target.key, "arch": getattr(target, "arch", None)},
         "recipe": compiled.recipe.name,
         "knobs": compiled.knobs,
+        "allow_tf32": compiled.program.allow_tf32,
         "tvm": tvm.__version__,
     }
     sidecar(path).write_text(json.dumps(meta, indent=1) + "\n")

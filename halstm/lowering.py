@@ -47,6 +47,7 @@ class Program:
     layout: PackedLayout
     source: str  # the TVMScript of ``func``
     args: list[Arg]
+    allow_tf32: bool = False  # fp32 GEMMs may run on tensor cores as TF32 (operands to 10 mantissa bits)
 
     @functools.cached_property
     def func(self) -> tvm.tirx.PrimFunc:
@@ -332,6 +333,7 @@ def lower(
     dtype: str = "float32",
     plan: Plan | None = None,
     layout: PackedLayout = PackedLayout(),
+    allow_tf32: bool = False,
 ) -> Program:
     """The whole sequence as one PrimFunc ``main`` (unscheduled)."""
     plan = plan or make_plan(cell)
@@ -340,7 +342,7 @@ def lower(
         with T.sblock("step"):
 {indent(frame.step_views, 12)}
 {indent([_body(_step(plan, batch, dtype, layout))], 12)}"""
-    return Program(cell, plan, steps, batch, dtype, layout, frame.source(loop), frame.args)
+    return Program(cell, plan, steps, batch, dtype, layout, frame.source(loop), frame.args, allow_tf32)
 
 
 def cell_hash(cell: Cell) -> str:

@@ -30,6 +30,7 @@ import numpy as np
 from .database import Database, Record, candidate_id, tuning_key
 
 TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
+TF32_TOLERANCE = 1e-2  # float32 with allow_tf32: 10 mantissa bits as fp16 has
 
 
 @dataclass
@@ -44,18 +45,20 @@ class Job:
     inputs: tuple  # x, params, states
     expected: np.ndarray  # float64 output sequence
     repeat: int
+    allow_tf32: bool = False
 
 
 def measure(job: Job) -> tuple[float | None, str | None]:
     """Compile, check and time one candidate: (median ms, None) or (None, why it failed)."""
     from .compiler import compile as compile_cell
 
-    f = compile_cell(job.cell, job.steps, job.batch, job.dtype, job.target, job.recipe, job.knobs)
+    f = compile_cell(job.cell, job.steps, job.batch, job.dtype, job.target, job.recipe, job.knobs,
+                     allow_tf32=job.allow_tf32)
     x, params, states = job.inputs
     y, _ = f(x, params, states)
     y = np.asarray(y, dtype=np.float64)
     error = float(np.linalg.norm(y - job.expected) / np.linalg.norm(job.expected))
-    if not error < TOLERANCE[job.dtype]:
+    if not error < (TF32_TOLERANCE if job.allow_tf32 else TOLERANCE[job.dtype]):
         return None, f"wrong result: relative error {error:.2e}"
     run = f.prepare(x, params, states)
     for _ in range(2):
@@ -164,13 +167,13 @@ def _zip_longest(groups):
 
 def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, database=None,
          recipes=None, trials: int | None = 24, repeat: int = 5, timeout: float = 300.0, seed: int = 0,
-         log=None) -> Record | None:
+         log=None, allow_tf32: bool = False) -> Record | None:
     """Tune ``cell`` for this shape, dtype and target; returns the best record (None if all failed).
 
     ``recipes`` are the recipes to search (the built-in ones by default; a user's own recipe
     objects work too). Candidates already in the database for this key are not measured again (so
     a run resumes); ``trials`` bounds how many are tried in total. ``timeout`` (seconds) ends a
-    candidate that hangs.
+    candidate that hangs. ``allow_tf32`` as for ``halstm.compile`` (its own records).
     """
     from halstm import schedules, targets
 
@@ -180,8 +183,8 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     log = log or _print
     target = targets.resolve(target)
     db = database if isinstance(database, Database) else Database(database)
-    key = tuning_key(cell, steps, batch, dtype, target)
-    program = lower(cell, steps, batch, dtype)
+    key = tuning_key(cell, steps, batch, dtype, target, allow_tf32)
+    program = lower(cell, steps, batch, dtype, allow_tf32=allow_tf32)
     planned = candidates(program, target, recipes or schedules.BUILTIN, trials, seed)
     done = db.measured(key)
     todo = [(r, k) for r, k in planned if candidate_id(r.name, k) not in done]
@@ -196,7 +199,8 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     worker = _Worker()
     try:
         for done, (recipe, knobs) in enumerate(todo, len(planned) - len(todo) + 1):
-            job = Job(cell, steps, batch, dtype, target, recipe, knobs, (x, params, states), expected, repeat)
+            job = Job(cell, steps, batch, dtype, target, recipe, knobs, (x, params, states), expected, repeat,
+                      allow_tf32)
             ms, error = worker.run(job, timeout)
             record = Record(key, recipe.name, knobs, ms, error)
             db.append(record)

@@ -38,10 +38,9 @@ from dataclasses import dataclass, replace
 from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
 
-from .cuda_tensorcore import TensorCoreTile, copies_its_operand, gemm_tensorcore, tensor_cores_available
+from .cuda_tensorcore import BYTES, TensorCoreTile, copies_its_operand, gemm_tensorcore, tensor_cores_available
 from .recipe import Recipe, child_blocks, inline_elementwise, is_pure_copy, merge_next_states
 
-BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 VECTOR = 4  # elements a thread fetches at once into shared memory
 # the step GEMM uses tensor cores from one full 16-row fragment up: below, most of each mma_sync
 # would multiply padding rows, and the FFMA tile at small B is bound by latency, not arithmetic
@@ -175,7 +174,7 @@ class CudaStepLoop(Recipe):
 
     def _unused(self, program, target, knobs) -> tuple:
         """The knobs that change nothing here."""
-        if not tensor_cores_available(program.dtype, target):
+        if not tensor_cores_available(program.dtype, target, program.allow_tf32):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP + ("tensor_cores",)
         step_tc = use_tensor_cores(knobs, program, target, program.batch)
         if not use_tensor_cores(knobs, program, target):
@@ -277,7 +276,7 @@ def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None)
     """Whether a GEMM runs on tensor cores: the knob on, the target's tensor cores able to take the
     dtype (tensor_cores_available), and for the step GEMM (``step_rows`` given) at least
     TENSOR_CORE_MIN_ROWS rows."""
-    return (knobs["tensor_cores"] and tensor_cores_available(program.dtype, target)
+    return (knobs["tensor_cores"] and tensor_cores_available(program.dtype, target, program.allow_tf32)
             and (step_rows is None or step_rows >= TENSOR_CORE_MIN_ROWS))
 
 

@@ -1,4 +1,5 @@
-"""Tensor-core GEMM for fp16/bf16 operands with fp32 accumulation (WMMA 16x16x16), after TVM's
+"""Tensor-core GEMM with fp32 accumulation (WMMA: fp16/bf16 operands 16x16x16, fp32 operands as TF32
+16x16x8 where the program allows TF32), after TVM's
 dlight ``MatmulTensorization``: C[M, N] = A[M, K] @ W[K, N], W the packed (K, N) weights.
 
     pad M, N, K up to the block tile (pad_einsum: zero rows/columns, results cut back)
@@ -10,7 +11,7 @@ dlight ``MatmulTensorization``: C[M, N] = A[M, K] @ W[K, N], W the packed (K, N)
                                                                (prefetch: tile ko+1 loaded into
                                                                registers before, stored after, the
                                                                mma of tile ko; _prefetch)
-          for kk in bk / 16:
+          for kk in bk / 16 (TF32: bk / 8):
             a[fm], w[fn] = fragments of A_s, W_s               "wmma.matrix_a/b" (load_matrix_sync)
             acc[r, c] += a[r] @ w[c]                           mma_sync
         acc -> C_s (shared) -> C                               store_matrix_sync, then all threads
@@ -30,18 +31,21 @@ from dataclasses import dataclass, replace
 from tvm.s_tir import Schedule
 
 from .recipe import is_pure_copy
-from .wmma import FRAG, intrinsics
+from .wmma import FRAG, frag_k, fragment_dtype, intrinsics
 
 WARP = 32
-VECTOR = 8  # 16-byte fetches of fp16/bf16 into shared memory
+BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+VECTOR = 8  # a shared tile's row padding in elements (16 bytes of fp16/bf16)
+FETCH_BYTES = 16  # a thread's vector fetch into shared memory
 MAX_PREFETCH_REGISTERS = 64  # a thread's registers for the next A and W tiles (prefetch)
-# WMMA with fp32 accumulation: fp16 fragments from Volta (sm_70), bf16 from Ampere (sm_80)
-MIN_ARCH = {"float16": 70, "bfloat16": 80}
+# WMMA with fp32 accumulation: fp16 fragments from Volta (sm_70), bf16 and TF32 from Ampere (sm_80)
+MIN_ARCH = {"float16": 70, "bfloat16": 80, "float32": 80}
 
 
-def tensor_cores_available(dtype: str, target) -> bool:
-    """Whether GEMMs of ``dtype`` operands can run on ``target``'s tensor cores here."""
-    if target.kind != "cuda" or dtype not in MIN_ARCH:
+def tensor_cores_available(dtype: str, target, tf32: bool = False) -> bool:
+    """Whether GEMMs of ``dtype`` operands can run on ``target``'s tensor cores here; fp32 ones only
+    as TF32, and only with ``tf32`` (it rounds the operands to 10 mantissa bits)."""
+    if target.kind != "cuda" or dtype not in MIN_ARCH or (dtype == "float32" and not tf32):
         return False
     return target.compute_capability >= MIN_ARCH[dtype] and tensorize_works()
 
@@ -148,13 +152,14 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
     b, n, k = sch.get_loops(block)
     b, b_frag = sch.split(b, [None, FRAG])
     n, n_frag = sch.split(n, [None, FRAG])
-    k, k_frag = sch.split(k, [None, FRAG])
+    depth_frag = frag_k(dtype)
+    k, k_frag = sch.split(k, [None, depth_frag])
     sch.reorder(b, n, k, b_frag, n_frag, k_frag)
     inner = block
     outer = sch.blockize(b_frag)
     b_block, b_warp, b_inner = sch.split(b, [None, tile.warps_m, tile.fm])
     n_block, n_warp, n_inner = sch.split(n, [None, tile.warps_n, tile.fn])
-    k_outer, k_inner = sch.split(k, [None, tile.bk // FRAG])
+    k_outer, k_inner = sch.split(k, [None, tile.bk // depth_frag])
     sch.reorder(b_block, n_block, b_warp, n_warp, k_outer, k_inner, b_inner, n_inner)
     sch.bind(sch.fuse(b_block, n_block), "blockIdx.x")
     warp = sch.fuse(b_warp, n_warp)
@@ -167,7 +172,7 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
         sch.compute_at(staged, k_outer)
         _inline_copies(sch, staged)
         fused = sch.fuse(*sch.get_loops(staged)[-2:])
-        vector = VECTOR if whole[index] else 1
+        vector = FETCH_BYTES // BYTES[dtype] if whole[index] else 1
         _, ty, tx, vec = sch.split(fused, [None, tile.warps_m * tile.warps_n, WARP, vector])
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
@@ -177,6 +182,9 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
     w_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
     sch.compute_at(a_frag, k_inner)
     sch.compute_at(w_frag, k_inner)
+    if fragment_dtype(dtype) != dtype:  # TF32: operand fragments typed as wmma.py says
+        for frag in (a_frag, w_frag):
+            sch.unsafe_set_dtype(frag, 0, fragment_dtype(dtype))
 
     # C's tile in another scope than A's and W's: TVM's storage rewrite would otherwise reuse A's
     # fp16 tile for it, and lowering refuses the fp32 pointer into it (access_ptr element type)
@@ -190,10 +198,11 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
         _prefetch(sch, k_outer, fetches)
 
     names = intrinsics(dtype)
-    for frag, role in ((a_frag, "load_a"), (w_frag, "load_b"), (acc, "store")):
+    for frag, role, (rows, cols) in ((a_frag, "load_a", (FRAG, depth_frag)), (w_frag, "load_b", (depth_frag, FRAG)),
+                                     (acc, "store", (FRAG, FRAG))):
         i, j = sch.get_loops(frag)[-2:]
-        i0, i1 = sch.split(i, [None, FRAG])
-        j0, j1 = sch.split(j, [None, FRAG])
+        i0, i1 = sch.split(i, [None, rows])
+        j0, j1 = sch.split(j, [None, cols])
         sch.reorder(i0, j0, i1, j1)
         sch.tensorize(i1, names[role])
     sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], names["init"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass
 
 import tvm
@@ -69,6 +71,7 @@ class CudaTarget:
         PrimFunc does not reach the kernel), so this is ``tvm.tirx.build`` with one step between
         the split and the device finalisation.
         """
+        _rewrite_generated_source()
         with self._context():
             if not cooperative:
                 return tvm.compile(mod, target=self.tvm_target)
@@ -95,6 +98,45 @@ class CudaTarget:
         outer = tvm.transform.PassContext.current()
         return tvm.transform.PassContext(outer.opt_level, list(outer.required_pass), list(outer.disabled_pass),
                                          list(outer.instruments), {**outer.config, "tirx.disable_cse_tir": True})
+
+
+_TF32_OPERAND = re.compile(r"(nvcuda::wmma::fragment<nvcuda::wmma::matrix_[ab], 16, 16, 8, )half(, [\w:]+> )(\w+)\[")
+_LOAD = re.compile(r"nvcuda::wmma::load_matrix_sync\((\w+)(\[[^\]]*\]), [^;]*\);")
+
+
+def tf32_fragments(source: str) -> str:
+    """``source`` with its TF32 operand fragments declared as ``precision::tf32``: TVM 0.27 refuses
+    fp32 operand fragments, so recipes type them fp16 (schedules/wmma.py), which prints a 16x16x8
+    half fragment, a shape WMMA has for TF32 only. Each load_matrix_sync into one reads fp32 and is
+    followed by the rounding to TF32 (10 mantissa bits, to nearest) that cuBLAS and cuDNN apply; the
+    tensor cores alone would truncate."""
+    names = {name for *_, name in _TF32_OPERAND.findall(source)}
+    if not names:
+        return source
+    source = _TF32_OPERAND.sub(r"\1nvcuda::wmma::precision::tf32\2\3[", source)
+
+    def rounded(load: re.Match) -> str:
+        if load.group(1) not in names:
+            return load.group(0)
+        frag = load.group(1) + load.group(2)
+        return (f"{load.group(0)} for (int t = 0; t < {frag}.num_elements; ++t) "
+                f"{{ {frag}.x[t] = nvcuda::wmma::__float_to_tf32({frag}.x[t]); }}")
+
+    return _LOAD.sub(rounded, source)
+
+
+@functools.cache
+def _rewrite_generated_source() -> None:
+    """Hook ``tf32_fragments`` into TVM's CUDA code generation (its ``tvm_callback_cuda_postproc``,
+    which sees every kernel's source before nvcc), after any hook already there. It rewrites only
+    fragment declarations that nvcc would reject, so other CUDA code built in the process is unchanged."""
+    name = "tvm_callback_cuda_postproc"
+    before = tvm.get_global_func(name, allow_missing=True)
+
+    def postproc(source, target):
+        return tf32_fragments(before(source, target) if before is not None else source)
+
+    tvm.register_global_func(name, postproc, override=True)
 
 
 def _mark_cooperative(mod: tvm.IRModule) -> tvm.IRModule:

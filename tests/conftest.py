@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
+TF32_TOLERANCE = 1e-3  # float32 tensors, GEMMs as TF32 (allow_tf32)
 NUMPY_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 

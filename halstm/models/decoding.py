@@ -71,6 +71,7 @@ class DecodeProgram:
     args: list[Arg]  # main's
     pack_args: list[Arg]
     dtype = FLOAT
+    allow_tf32 = False
 
 
 class _Splitter:
