@@ -1,12 +1,13 @@
 """The tuner against the default schedule and against torch, with tuning time.
 
     python benchmarks/tuning.py --out DIR [--target cuda] [--shapes 100,1,256 100,64,1024] [--trials 12]
-                                [--dtypes float32 float16]
+                                [--dtypes float32 tf32 float16]
 
 Per shape and dtype (LSTM, I=H): the default compile (no database), a tuning run (its records in
 DIR/tuning.jsonl), the tuned compile, and torch.nn.LSTM (cuDNN on a GPU; in fp32 also with TF32
 off), each timed as the median of 20 calls after warm-up on the same inputs. Writes
-DIR/tune-results.md.
+DIR/tune-results.md. dtype tf32: float32 tensors compiled with allow_tf32 (cuDNN with TF32, its
+default). The tuner compiles candidates on the CPU's cores less one before timing them.
 """
 
 from __future__ import annotations
@@ -23,28 +24,29 @@ from halstm.database import Database
 from halstm.targets import resolve
 
 
-def measure_shape(T, B, H, dtype, target, device, sync, db, trials) -> str:
+def measure_shape(T, B, H, name, target, device, sync, db, trials) -> str:
     cell = halstm.LSTM(H, H)
+    dtype, tf32 = ("float32", True) if name == "tf32" else (name, False)
     dt = getattr(torch, dtype)
     x = torch.randn(T, B, H, device=device).to(dt)
     params = {k: torch.from_numpy(v).to(device, dt) for k, v in cell.init_parameters(seed=0).items()}
-    default = halstm.compile(cell, T, B, dtype, target=target, database=False)
+    default = halstm.compile(cell, T, B, dtype, target=target, database=False, allow_tf32=tf32)
     default_ms = median_ms(default.prepare(x, params), 20, warmup=3, sync=sync)
     start = time.perf_counter()
-    halstm.tune(cell, T, B, dtype, target, database=db, trials=trials)
+    halstm.tune(cell, T, B, dtype, target, database=db, trials=trials, allow_tf32=tf32)
     tuning_s = time.perf_counter() - start
-    tuned = halstm.compile(cell, T, B, dtype, target=target, database=db)
+    tuned = halstm.compile(cell, T, B, dtype, target=target, database=db, allow_tf32=tf32)
     tuned_ms = median_ms(tuned.prepare(x, params), 20, warmup=3, sync=sync)
     lstm = torch.nn.LSTM(H, H).to(device, dt)
     with torch.no_grad():
         torch_ms = median_ms(lambda: lstm(x), 20, warmup=3, sync=sync)
         strict_ms = None
-        if device == "cuda" and dtype == "float32":
+        if device == "cuda" and name == "float32":
             torch.backends.cudnn.allow_tf32 = False
             strict_ms = median_ms(lambda: lstm(x), 20, warmup=3, sync=sync)
             torch.backends.cudnn.allow_tf32 = True
     strict = "-" if strict_ms is None else f"{strict_ms:.3f}"
-    return (f"| {T} | {B} | {H} | {dtype} | {default_ms:.3f} ({default.recipe.name}) | {tuned_ms:.3f} "
+    return (f"| {T} | {B} | {H} | {name} | {default_ms:.3f} ({default.recipe.name}) | {tuned_ms:.3f} "
             f"({tuned.recipe.name} {tuned.knobs}) | {tuning_s:.0f} | {torch_ms:.3f} | {strict} | "
             f"{tuned_ms / default_ms:.2f} | {torch_ms / tuned_ms:.2f} |")
 

@@ -40,6 +40,8 @@ def _add_problem(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, required=True, help="B: sequences per call")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--target", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--allow-tf32", action="store_true",
+                   help="float32 GEMMs on tensor cores as TF32 (CUDA, sm_80+; relative error ~1e-3)")
     p.add_argument("--database", type=Path, default=None,
                    help="tuning records (default: $HALSTM_TUNING_DB or ~/.cache/halstm/tuning.jsonl)")
 
@@ -73,6 +75,9 @@ def main(argv=None) -> int:
     _add_problem(t)
     t.add_argument("--trials", type=int, default=24, help="candidates to try in all (default 24)")
     t.add_argument("--timeout", type=float, default=300, help="seconds before a candidate counts as hung")
+    t.add_argument("--builders", type=int, default=None,
+                   help="processes compiling candidates at once before they are timed one by one "
+                   "(default: the CPU's cores less one; 1: each compiled as it is timed)")
 
     e = sub.add_parser(
         "export", help="compile one cell and shape to a module file for deployment",
@@ -108,7 +113,7 @@ def _tune(args) -> int:
 
     cell = args.cell(args.input_size, args.hidden_size)
     best = tune(cell, args.steps, args.batch, args.dtype, args.target, database=args.database,
-                trials=args.trials, timeout=args.timeout)
+                trials=args.trials, timeout=args.timeout, allow_tf32=args.allow_tf32, builders=args.builders)
     if best is None:
         print("no candidate succeeded")
         return 1
@@ -121,7 +126,8 @@ def _export(args) -> int:
     from .deploy import export
 
     cell = args.cell(args.input_size, args.hidden_size)
-    f = compile_cell(cell, args.steps, args.batch, args.dtype, args.target, database=args.database)
+    f = compile_cell(cell, args.steps, args.batch, args.dtype, args.target, database=args.database,
+                     allow_tf32=args.allow_tf32)
     export(f, args.out)
     print(f"wrote {args.out} and {args.out}.json: {f!r}")
     return 0

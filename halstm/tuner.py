@@ -2,8 +2,11 @@
 
 Each candidate is compiled, checked against the float64 reference and timed (median after warm-up)
 in a worker process, so that one that crashes, hangs or corrupts memory costs a restart, not the
-tuning run. Every result, failures included, is appended to the database at once: an interrupted
-run resumes where it stopped, and ``halstm.compile`` picks up the best record by itself.
+tuning run. With ``builders`` > 1 the candidates are first compiled and exported by that many
+worker processes at once (what takes most of a candidate's time: 4-14 s for a tensor-core CUDA
+function), then loaded, checked and timed one at a time, nothing else running. Every result,
+failures included, is appended to the database at once: an interrupted run resumes where it
+stopped, and ``halstm.compile`` picks up the best record by itself.
 
 Split with TVM's meta_schedule: meta_schedule searches the schedule of one operator; the choice here
 is across whole-sequence strategies (step loop or persistent kernel) whose knobs also change the
@@ -46,14 +49,30 @@ class Job:
     expected: np.ndarray  # float64 output sequence
     repeat: int
     allow_tf32: bool = False
+    module: str | None = None  # where the candidate's exported module is (or goes, to build it)
+
+
+def build(job: Job) -> tuple[None, None]:
+    """Compile one candidate and export it to ``job.module``."""
+    from .deploy import export
+
+    export(_compile(job), job.module)
+    return None, None
+
+
+def _compile(job: Job):
+    from .compiler import compile as compile_cell
+
+    return compile_cell(job.cell, job.steps, job.batch, job.dtype, job.target, job.recipe, job.knobs,
+                        allow_tf32=job.allow_tf32)
 
 
 def measure(job: Job) -> tuple[float | None, str | None]:
-    """Compile, check and time one candidate: (median ms, None) or (None, why it failed)."""
-    from .compiler import compile as compile_cell
+    """Check and time one candidate, compiled here or loaded from ``job.module`` when it was built
+    there: (median ms, None) or (None, why it failed)."""
+    from .deploy import load
 
-    f = compile_cell(job.cell, job.steps, job.batch, job.dtype, job.target, job.recipe, job.knobs,
-                     allow_tf32=job.allow_tf32)
+    f = load(job.module) if job.module else _compile(job)
     x, params, states = job.inputs
     y, _ = f(x, params, states)
     y = np.asarray(y, dtype=np.float64)
@@ -88,10 +107,24 @@ class _Worker:
         self.process = subprocess.Popen([sys.executable, "-m", "halstm.tuner"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env, cwd=tempfile.gettempdir())
 
-    def run(self, job: Job, timeout: float):
+    def run(self, job: Job, timeout: float, phase: str = "measure"):
+        self.send(job, phase)
+        return self.answer(timeout)
+
+    def send(self, job: Job, phase: str) -> None:
+        """Start ``phase`` ("measure" or "build") of ``job``; ``answer`` waits for it."""
+        self.started = time.monotonic()
         try:
-            _send(self.process.stdin, job)
-            ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+            _send(self.process.stdin, (phase, job))
+        except OSError:
+            pass  # a dead worker: answer() reports it
+
+    def answer(self, timeout: float):
+        """The answer to the job sent, or a failure if it hangs past ``timeout`` or kills the worker
+        (which is then restarted)."""
+        try:
+            left = max(0.0, self.started + timeout - time.monotonic())
+            ready, _, _ = select.select([self.process.stdout], [], [], left)
             if ready:
                 return _receive(self.process.stdout)
             reason = f"timed out after {timeout:.0f} s"
@@ -124,16 +157,16 @@ def _receive(stream):
 
 
 def _serve() -> None:
-    """The worker's loop: measure each job, answer (ms, None) or (None, why)."""
+    """The worker's loop: build or measure each job, answer (ms, None) or (None, why)."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # whatever a compile prints must not corrupt the answers
     while True:
         try:
-            job = _receive(stdin)
+            phase, job = _receive(stdin)
         except EOFError:
             return
         try:
-            answer = measure(job)
+            answer = {"build": build, "measure": measure}[phase](job)
         except Exception as e:  # a candidate that does not compile or launch: recorded, skipped
             last = (str(e).strip().splitlines() or [""])[-1]
             answer = (None, f"{type(e).__name__}: {last[:300]}")
@@ -167,13 +200,15 @@ def _zip_longest(groups):
 
 def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, database=None,
          recipes=None, trials: int | None = 24, repeat: int = 5, timeout: float = 300.0, seed: int = 0,
-         log=None, allow_tf32: bool = False) -> Record | None:
+         log=None, allow_tf32: bool = False, builders: int | None = None) -> Record | None:
     """Tune ``cell`` for this shape, dtype and target; returns the best record (None if all failed).
 
     ``recipes`` are the recipes to search (the built-in ones by default; a user's own recipe
     objects work too). Candidates already in the database for this key are not measured again (so
     a run resumes); ``trials`` bounds how many are tried in total. ``timeout`` (seconds) ends a
-    candidate that hangs. ``allow_tf32`` as for ``halstm.compile`` (its own records).
+    candidate that hangs (its compile, or its check and timing). ``builders`` processes compile
+    the candidates before they are measured (default: the CPU's cores less one; 1 compiles each in
+    the measuring process). ``allow_tf32`` as for ``halstm.compile`` (its own records).
     """
     from halstm import schedules, targets
 
@@ -196,23 +231,57 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     x, params, states = _inputs(cell, steps, batch, dtype, rng)
     expected, _ = reference(cell, x, params, states)
     best = db.best(key)
-    worker = _Worker()
-    try:
-        for done, (recipe, knobs) in enumerate(todo, len(planned) - len(todo) + 1):
-            job = Job(cell, steps, batch, dtype, target, recipe, knobs, (x, params, states), expected, repeat,
-                      allow_tf32)
-            ms, error = worker.run(job, timeout)
-            record = Record(key, recipe.name, knobs, ms, error)
-            db.append(record)
-            if ms is not None and (best is None or ms < best.ms):
-                best = record
-            bar = "#" * (20 * done // len(planned))
-            log(f"|{bar:<20}| [{done}/{len(planned)}] {recipe.name} {knobs}: "
-                + (f"{ms:.3f} ms" if ms is not None else f"failed ({error})")
-                + (f" | best {best.ms:.3f} ms ({best.recipe} {best.knobs})" if best else ""))
-    finally:
-        worker.close()
+    jobs = [Job(cell, steps, batch, dtype, target, recipe, knobs, (x, params, states), expected, repeat, allow_tf32)
+            for recipe, knobs in todo]
+    builders = min(len(jobs), max(1, (os.cpu_count() or 1) - 1) if builders is None else builders)
+    with tempfile.TemporaryDirectory(prefix="halstm-tune-") as folder:
+        failed = {}
+        if builders > 1:
+            for i, job in enumerate(jobs):
+                job.module = os.path.join(folder, f"candidate{i}.so")
+            failed = _build_all(jobs, builders, timeout, log)
+        worker = _Worker()
+        try:
+            for done, (i, job) in enumerate(enumerate(jobs), len(planned) - len(todo) + 1):
+                ms, error = (None, failed[i]) if i in failed else worker.run(job, timeout)
+                record = Record(key, job.recipe.name, job.knobs, ms, error)
+                db.append(record)
+                if ms is not None and (best is None or ms < best.ms):
+                    best = record
+                bar = "#" * (20 * done // len(planned))
+                log(f"|{bar:<20}| [{done}/{len(planned)}] {job.recipe.name} {job.knobs}: "
+                    + (f"{ms:.3f} ms" if ms is not None else f"failed ({error})")
+                    + (f" | best {best.ms:.3f} ms ({best.recipe} {best.knobs})" if best else ""))
+        finally:
+            worker.close()
     return best
+
+
+def _build_all(jobs: list[Job], builders: int, timeout: float, log) -> dict[int, str]:
+    """Compile and export every job on ``builders`` workers at once: {index: why it failed}."""
+    workers = [_Worker() for _ in range(builders)]
+    pending, running, failed = list(enumerate(jobs)), {}, {}
+    start = time.monotonic()
+    try:
+        while pending or running:
+            for worker in workers:
+                if worker not in running and pending:
+                    i, job = pending.pop(0)
+                    worker.send(job, "build")
+                    running[worker] = i
+            ready, _, _ = select.select([w.process.stdout for w in running], [], [], 0.5)
+            for worker in [w for w in running if w.process.stdout in ready or time.monotonic() > w.started + timeout]:
+                _, error = worker.answer(timeout)
+                i = running.pop(worker)
+                if error:
+                    failed[i] = error
+                done = len(jobs) - len(pending) - len(running)
+                log(f"built [{done}/{len(jobs)}] on {builders} processes, {time.monotonic() - start:.0f} s"
+                    + (f" ({jobs[i].recipe.name} {jobs[i].knobs} failed: {error})" if error else ""))
+    finally:
+        for worker in workers:
+            worker.close()
+    return failed
 
 
 def _inputs(cell, steps, batch, dtype, rng):

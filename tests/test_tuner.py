@@ -18,7 +18,8 @@ from halstm.tuner import tune
 def test_interrupted_run_resumes_and_compile_uses_the_best(tmp_path):
     db = Database(tmp_path / "db.jsonl")
     argv = [sys.executable, "-m", "halstm.cli", "tune", "--cell", "GRU", "--input-size", "12",
-            "--hidden-size", "16", "--steps", "4", "--batch", "3", "--trials", "4", "--database", str(db.path)]
+            "--hidden-size", "16", "--steps", "4", "--batch", "3", "--trials", "4", "--database", str(db.path),
+            "--builders", "1"]
     run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not (db.path.exists() and db.path.read_text().count("\n") >= 1) and time.time() < deadline:
@@ -28,7 +29,7 @@ def test_interrupted_run_resumes_and_compile_uses_the_best(tmp_path):
     first = db.records()
     assert 1 <= len(first) < 4, "the run was not interrupted part-way"
 
-    best = tune(halstm.GRU(12, 16), 4, 3, database=db, trials=4, log=lambda _: None)
+    best = tune(halstm.GRU(12, 16), 4, 3, database=db, trials=4, log=lambda _: None, builders=1)
     records = db.records()
     assert len(records) == 4
     assert len({r.candidate for r in records}) == 4, "a measured candidate was measured again"
@@ -72,10 +73,15 @@ class Unreliable(Recipe):
         return self.cpu.apply(program, target)
 
 
-def test_failed_candidates_are_recorded_and_skipped(tmp_path):
+@pytest.mark.parametrize("builders", (1, 3), ids=("compiled-when-timed", "compiled-first-on-3"))
+def test_failed_candidates_are_recorded_and_skipped(builders, tmp_path):
+    """Every way a candidate fails is recorded, whether it is compiled in the measuring process or
+    first by builder processes (then a compile that hangs or kills its builder is one failure)."""
     db = Database(tmp_path / "db.jsonl")
+    logged = []
     best = tune(halstm.GRU(8, 8), 3, 2, database=db, recipes=[Unreliable()], trials=None, timeout=30,
-                log=lambda _: None)
+                log=logged.append, builders=builders)
+    assert any(line.startswith("built [5/5] on 3 processes") for line in logged) == (builders == 3)
     errors = {r.knobs["mode"]: r.error for r in db.records()}
     assert errors["ok"] is None and best.knobs == {"mode": "ok"}
     assert "does not compile" in errors["raise"]
