@@ -28,16 +28,14 @@ from halstm import schedules
 from halstm.cells import BUILTIN
 from halstm.targets import CudaTarget
 
-from gpu import inputs, rel, timed  # noqa: E402 (beside this script: the same inputs and timing)
-
-TOL = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}  # DEVELOPERS.md
+from gpu import TOL, inputs, rel, storage, timed  # noqa: E402 (beside this script: the same inputs, timing)
 
 
 def cudnn(name, H, dtype, params, states, x, reps):
     """Median ms of torch.nn.LSTM/GRU on the same inputs and weights (None for other cells)."""
     if name not in ("LSTM", "GRU"):
         return None
-    mod = getattr(torch.nn, name)(H, H).cuda().to(getattr(torch, dtype))
+    mod = getattr(torch.nn, name)(H, H).cuda().to(getattr(torch, storage(dtype)))
     mod.load_state_dict({f"{k}_l0": v for k, v in params.items()})
     hx = (states["h"][None], states["c"][None]) if name == "LSTM" else states["h"][None]
     with torch.no_grad():
@@ -60,7 +58,8 @@ def main(argv=None):
     cell = BUILTIN[a.cell](H, H)
     target = CudaTarget.detect()
     recipe = next(r for r in schedules.BUILTIN if r.name == a.recipe)
-    program = halstm.lower(cell, T, B, a.dtype)
+    tf32 = a.dtype == "tf32"
+    program = halstm.lower(cell, T, B, storage(a.dtype), allow_tf32=tf32)
     defaults = recipe.defaults(program, target)
     settings = ([] if a.no_defaults else [{}]) + [json.loads(k) for k in a.knobs]
     print(f"{a.cell} T={T} B={B} H={H} {a.dtype} on {target.name} ({target.sms} SMs), recipe {a.recipe}")
@@ -90,7 +89,8 @@ def main(argv=None):
             continue
         try:
             start = time.time()
-            f = halstm.compile(cell, T, B, a.dtype, target=target, recipe=recipe, knobs=overrides, database=False)
+            f = halstm.compile(cell, T, B, storage(a.dtype), target=target, recipe=recipe, knobs=overrides,
+                               database=False, allow_tf32=tf32)
             row["compile s"] = round(time.time() - start, 1)
             y, final = f(x, params, states)
             torch.cuda.synchronize()

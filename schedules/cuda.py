@@ -72,6 +72,8 @@ class CudaStepLoop(Recipe):
         "tc_frags": (2, 1, 4),
         "tc_hoisted_frags": (2, 4, 1),
         "tc_k": (32, 16),
+        # K tiles in flight in both tensor-core GEMMs (cp.async pipelining; 1: fetch, sync, mma)
+        "tc_stages": (1, 2, 3),
         # the step GEMM on tensor cores (B rows, latency-bound: K / tc_step_k serial tile fetches):
         # its K tile, the next K tile's loads in flight during the mma (tc_prefetch), its column
         # tile narrowed while half the SMs would idle (tc_fill); the first values are the schedule
@@ -82,7 +84,7 @@ class CudaStepLoop(Recipe):
     }
     _FFMA_STEP = ("block_rows", "block_cols", "thread_rows", "thread_cols", "k_chunk")
     _FFMA_HOISTED = ("hoisted_block", "hoisted_thread")
-    _TENSOR_CORE = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_hoisted_frags", "tc_k")
+    _TENSOR_CORE = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_hoisted_frags", "tc_k", "tc_stages")
     _TENSOR_CORE_STEP = ("tc_step_k", "tc_prefetch", "tc_fill")
 
     def is_applicable(self, program, target) -> bool:
@@ -240,7 +242,8 @@ def tensor_core_tile(knobs: dict, hoisted: bool = True) -> TensorCoreTile:
     """The hoisted GEMM's tensor-core tile (tc_hoisted_frags), or with ``hoisted=False`` the one
     the step GEMM's starts from (tc_frags)."""
     frags = knobs["tc_hoisted_frags" if hoisted else "tc_frags"]
-    return TensorCoreTile(knobs["tc_warps_m"], knobs["tc_warps_n"], frags, frags, knobs["tc_k"])
+    return TensorCoreTile(knobs["tc_warps_m"], knobs["tc_warps_n"], frags, frags, knobs["tc_k"],
+                          stages=knobs["tc_stages"])
 
 
 def step_tensor_core_tile(knobs: dict, rows: int, cols: int, target) -> TensorCoreTile:

@@ -69,6 +69,7 @@ class TensorCoreTile:
     fn: int
     bk: int
     prefetch: bool = False  # the next K tile's global loads into registers before the mma of this one
+    stages: int = 1  # K tiles in flight: > 1 fetches them with cp.async, stages - 1 ahead of the mma
 
     @property
     def bm(self) -> int:
@@ -83,8 +84,12 @@ class TensorCoreTile:
         return self.warps_m * self.warps_n * WARP
 
     def static_bytes(self, size: int) -> int:
-        """The A and W tiles ("shared": static), rows padded by VECTOR elements against bank conflicts."""
-        return (self.bm * (self.bk + VECTOR) + self.bk * (self.bn + VECTOR)) * size
+        """The A and W tiles ("shared": static), one of each per stage, their rows padded against bank
+        conflicts as gemm_tensorcore aligns them: to VECTOR more than a multiple of 32 elements (a
+        K tile of 16 takes rows of 40)."""
+        def row(n):
+            return n + (VECTOR - n) % 32
+        return (self.bm * row(self.bk) + self.bk * row(self.bn)) * size * self.stages
 
     def dynamic_bytes(self) -> int:
         """The fp32 C tile ("shared.dyn": dynamic)."""
@@ -196,6 +201,8 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
     init = sch.decompose_reduction(outer, k_outer)
     if tile.prefetch:
         _prefetch(sch, k_outer, fetches)
+    elif tile.stages > 1 and all(whole.values()):
+        _pipeline(sch, k_outer, tile.stages)
 
     names = intrinsics(dtype)
     for frag, role, (rows, cols) in ((a_frag, "load_a", (FRAG, depth_frag)), (w_frag, "load_b", (depth_frag, FRAG)),
@@ -214,6 +221,17 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
     fused = sch.fuse(*sch.get_loops(c_shared)[-2:])
     _, tx = sch.split(fused, [None, WARP])
     sch.bind(tx, "threadIdx.x")
+
+
+def _pipeline(sch: Schedule, k_outer, stages: int) -> None:
+    """Software-pipeline ``k_outer`` over ``stages`` K tiles as meta_schedule's multi-level tiling
+    does: the A and W fetches (stage 0, asynchronous: cp.async, which the CUDA target's build turns
+    on) run stages - 1 tiles ahead of the fragment loads and mma (the last stage); TVM's pipeline
+    pass gives each fetch a buffer per stage and the waits. Only for operands fetched 16 bytes at a
+    time (cp.async copies 4, 8 or 16 bytes; a padded operand is fetched an element at a time)."""
+    sch.annotate(k_outer, "software_pipeline_stage", [0, 0, stages - 1])
+    sch.annotate(k_outer, "software_pipeline_order", [0, 1, 2])
+    sch.annotate(k_outer, "software_pipeline_async_stages", [0])
 
 
 def _prefetch(sch: Schedule, k_outer, fetches) -> None:

@@ -94,10 +94,13 @@ class CudaTarget:
         common-subexpression pass hands a step's row offset (t * B * H) to the kernel as an opaque
         argument; the code generator then cannot prove a 16-byte load through a state's row view
         aligned and gathers instead (for fp16, a make_uint4 of eight halves that nvcc rejects).
-        nvcc eliminates common subexpressions itself."""
+        nvcc eliminates common subexpressions itself. And with asynchronous copies on: the global to
+        shared copies of a software pipeline's asynchronous stages become cp.async (the tensor-core
+        GEMM's tc_stages); copies outside such stages stay as they are."""
         outer = tvm.transform.PassContext.current()
+        config = {**outer.config, "tirx.disable_cse_tir": True, "tirx.use_async_copy": True}
         return tvm.transform.PassContext(outer.opt_level, list(outer.required_pass), list(outer.disabled_pass),
-                                         list(outer.instruments), {**outer.config, "tirx.disable_cse_tir": True})
+                                         list(outer.instruments), config)
 
 
 _TF32_OPERAND = re.compile(r"(nvcuda::wmma::fragment<nvcuda::wmma::matrix_[ab], 16, 16, 8, )half(, [\w:]+> )(\w+)\[")

@@ -443,3 +443,63 @@ def test_packing_kernels_transpose_through_a_shared_tile(dtype, recipe, tmp_path
         assert re.search(rf"__shared__ alignas\(\d+\) {element} w_packed\d_shared_ptr\[1056\];", kernel), kernel
         assert "__syncthreads();" in kernel, kernel
     assert_nvcc_compiles(source, tmp_path)
+
+
+# --- the tensor-core GEMMs pipelined over K tiles (tc_stages) ----------------------------------------
+
+@tensor_cores
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("dtype, knobs", [("float16", {"tc_stages": 2, "tc_step_k": 32}),
+                                          ("float16", {"tc_stages": 3, "tc_step_k": 32, "tc_hoisted_frags": 2}),
+                                          ("tf32", {"tc_stages": 2, "tc_step_k": 16, "tc_k": 16})])
+def test_pipelined_gemms_fetch_with_cp_async(dtype, knobs, tmp_path):
+    """tc_stages > 1: both GEMMs fetch their weight tiles with cp.async, and their A tiles too but
+    the step's fp16 state operand (a cast of the fp32 view back to fp16: a plain load), commit a
+    group per K tile, stages - 1 of them before the loop, and wait for all but stages - 1 pending
+    groups; nvcc compiles them. A ragged shape (operands
+    fetched an element at a time, which cp.async cannot) is not pipelined."""
+    storage, tf32 = ("float32", True) if dtype == "tf32" else (dtype, False)
+    f = halstm.compile(halstm.LSTM(256, 256), 3, 64, storage, target=H100, recipe="cuda-step-loop", knobs=knobs,
+                       allow_tf32=tf32)
+    source = f.module.mod.imports[0].inspect_source()
+    gemms = [k for k in source.split("__global__")[1:] if "mma_sync" in k]
+    assert len(gemms) == 2
+    stages = knobs["tc_stages"]
+    step_fetches = 2 * stages if storage == "float32" else stages
+    assert sorted(k.count("ptx_cp_async_legacy_cg_16") for k in gemms) == sorted([step_fetches, 2 * stages])
+    assert all("commit_group" in k and f"wait_group_{stages - 1}(" in k for k in gemms)
+    assert_nvcc_compiles(source, tmp_path)
+    ragged = halstm.compile(halstm.LSTM(40, 40), 3, 17, storage, target=H100, recipe="cuda-step-loop", knobs=knobs,
+                            allow_tf32=tf32)
+    assert "cp.async" not in ragged.module.mod.imports[0].inspect_source()
+
+
+def test_static_shared_memory_model_matches_the_padded_tiles():
+    """TensorCoreTile.static_bytes as ptxas counted it: a 128 x 128 fp32 tile with K 16 in two
+    stages took 0xe400 bytes (rows of 40, not 24: aligned to 8 more than a multiple of 32)."""
+    from halstm.schedules.cuda_tensorcore import TensorCoreTile
+
+    assert TensorCoreTile(2, 2, 4, 4, 16, stages=2).static_bytes(4) == 0xE400
+    assert TensorCoreTile(2, 2, 2, 2, 32).static_bytes(2) == (64 * 40 + 32 * 72) * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype, knobs", [("float16", {"tc_stages": 2, "tc_step_k": 32}),
+                                          ("bfloat16", {"tc_stages": 3, "tc_step_k": 32, "tc_hoisted_frags": 2}),
+                                          ("tf32", {"tc_stages": 2, "tc_step_k": 16, "tc_k": 16})])
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+def test_pipelined_gemms_match_reference_on_gpu(cell, dtype, knobs, rng):
+    torch = pytest.importorskip("torch")
+    from conftest import TF32_TOLERANCE
+
+    storage, tf32 = ("float32", True) if dtype == "tf32" else (dtype, False)
+    T, B, H = 20, 64, 256
+    c = cell(H, H)
+    f = halstm.compile(c, T, B, storage, target=CudaTarget.detect(), recipe="cuda-step-loop", knobs=knobs,
+                       allow_tf32=tf32)
+    x, params, states = random_inputs(c, T, B, rng, storage)
+    to_gpu = lambda a: torch.from_numpy(np.asarray(a, np.float32)).to(getattr(torch, storage)).cuda()
+    y, _ = f(to_gpu(x), {k: to_gpu(v) for k, v in params.items()}, {k: to_gpu(v) for k, v in states.items()})
+    want_y, _ = halstm.reference(c, np.asarray(x, np.float64), upcast(params), upcast(states))
+    assert rel_err(y.float().cpu().numpy(), want_y) < (TF32_TOLERANCE if tf32 else TOLERANCE[dtype])
