@@ -219,7 +219,7 @@ def _bptt_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Packe
 def _bptt_step(plan: BackwardPlan, B: int, dtype: str, layout: PackedLayout) -> tuple[tvm.tirx.PrimFunc, list[str]]:
     """One reversed step on row-block views, and the parameters it keeps adjoints of."""
     cell, forward, H = plan.cell, plan.forward, plan.cell.hidden_size
-    step = trace_step(forward, B, dtype, layout)
+    step = trace_step(forward, B, dtype, layout, autodiff=True)
     transposed = {
         g.name: te.placeholder(layout.shape(g.rows, g.depth), dtype, name=f"w_packed_t{i}")
         for i, g in enumerate(forward.gemms)

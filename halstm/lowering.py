@@ -241,7 +241,9 @@ class StepTrace:
         return [*self.x_proj.values(), *self.states, *self.params.values(), *self.packed.values()]
 
 
-def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout) -> StepTrace:
+def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodiff: bool = False) -> StepTrace:
+    """The step traced; with ``autodiff`` the GEMM operands read the float32 views of the states, the
+    ops the adjoints flow through (else a state's operand copies the state itself: ``_operand``)."""
     cell = plan.cell
     x, _, params = placeholders(cell, batch, dtype)
     states = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}_t") for s in cell.states]
@@ -257,7 +259,8 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout) -> Step
         if gemm.stage == 0:
             return x_proj[gemm.name]
         if gemm.name not in gemms:
-            gemms[gemm.name] = _gemm(_operand(a, gemm), packed[gemm.name], layout, gemm.rows, gemm.name)
+            operand = _operand(a if autodiff else _widened(a), gemm)
+            gemms[gemm.name] = _gemm(operand, packed[gemm.name], layout, gemm.rows, gemm.name)
             operands[gemm.name] = a
         return gemms[gemm.name]
 
@@ -270,6 +273,22 @@ def _operand(a: te.Tensor, gemm: Gemm) -> te.Tensor:
     A GPU recipe stages it in shared memory: a tile read straight from a state's row-block view
     would copy the view's symbolic offset with it (TVM 0.27's reindex/cache_read)."""
     return te.compute(a.shape, lambda b, k: a[b, k], name=f"{gemm.name}_operand")
+
+
+def _widened(a: te.Tensor) -> te.Tensor:
+    """The tensor ``a`` is an elementwise cast of (``a[i, j] = float32(t[i, j])``), else ``a``. A
+    state's float32 view (``_math_view``) as a GEMM operand is copied from the state in its own dtype
+    (the GEMM widens it): an fp16 state's tile is then a plain copy, which the tensor-core GEMM
+    fetches 16 bytes at a time with cp.async, where a cast to fp32 and back was a load and two
+    conversions."""
+    body = a.op.body[0] if isinstance(a.op, te.ComputeOp) and len(a.op.input_tensors) == 1 else None
+    load = body.value if isinstance(body, tvm.tirx.Cast) else None
+    if not (isinstance(load, tvm.ir.Call) and load.op.name == "te.tensor_load"):
+        return a
+    indices = list(load.args[1:])
+    axes = [iv.var for iv in a.op.axis]
+    same = len(indices) == len(axes) and all(i.same_as(v) for i, v in zip(indices, axes))
+    return a.op.input_tensors[0] if same else a
 
 
 def _view(name: str, buffer: str, row: str, rows: int, cols: int, dtype: str) -> str:
