@@ -94,10 +94,10 @@ class CudaStepLoop(Recipe):
         """The first value of each knob, but the step GEMM's column tile halved (down to 32) while
         its grid leaves SMs idle: at B=64, H=1024 (N=4096) 64 x 64 tiles made 64 blocks for the
         H100's 132 SMs and the step GEMM ran at 5.8 TFLOP/s (ncu: 92 us a step); and widened until
-        a block has a warp's threads."""
+        a block has a warp's threads. Tensor-core GEMMs pipelined (``_pipelined``)."""
         k = super().defaults(program, target)
         if target is not None and use_tensor_cores(k, program, target):
-            k["tc_hoisted_frags"] = _hoisted_fragments(k, program, target)
+            k.update(_pipelined(k, program, target))
         if target is not None and use_tensor_cores(k, program, target, program.batch):
             # the FFMA step knobs stay at their first value, as valid() wants of unused knobs
             return {**k, **self._step_tensor_core_defaults(program, target, k)}
@@ -132,6 +132,9 @@ class CudaStepLoop(Recipe):
         depth = max((g.depth for stage in program.plan.stages for g in stage), default=0)
         if not depth:
             return {}
+        pipelined = {**knobs, "tc_fill": True, "tc_prefetch": False, "tc_step_k": PIPELINED_K_BYTES // size}
+        if knobs["tc_stages"] > 1 and _step_tiles_fit(pipelined, program, target, size):
+            return {n: pipelined[n] for n in self._TENSOR_CORE_STEP}  # round trips overlap: short K tiles
         options = [{**knobs, "tc_fill": True, "tc_prefetch": False, "tc_step_k": bk} for bk in self.knobs["tc_step_k"]]
         options = [o for o in options if _step_tiles_fit(o, program, target, size)]
         if not options:
@@ -249,10 +252,32 @@ def tensor_core_tile(knobs: dict, hoisted: bool = True) -> TensorCoreTile:
 def step_tensor_core_tile(knobs: dict, rows: int, cols: int, target) -> TensorCoreTile:
     """The step GEMM's tensor-core tile (B rows, ``cols`` columns): tc_warps_m x tc_warps_n warps of
     tc_frags fragments shrunk to the rows, K staged tc_step_k at a time (prefetched with
-    tc_prefetch), its columns narrowed while the grid leaves half the SMs idle (tc_fill)."""
+    tc_prefetch, else pipelined over tc_stages), its columns narrowed while the grid leaves half the
+    SMs idle (tc_fill)."""
     tile = replace(tensor_core_tile(knobs, hoisted=False).for_rows(rows), bk=knobs["tc_step_k"],
-                   prefetch=knobs["tc_prefetch"])
+                   prefetch=knobs["tc_prefetch"], stages=1 if knobs["tc_prefetch"] else knobs["tc_stages"])
     return tile.filling(rows, cols, target.sms) if knobs["tc_fill"] else tile
+
+
+# the K tile of a pipelined GEMM: 64 bytes a row (32 fp16, 16 fp32 elements)
+PIPELINED_K_BYTES = 64
+
+
+def _pipelined(knobs: dict, program, target) -> dict:
+    """The tensor-core GEMMs' defaults: two K tiles in flight (tc_stages 2), each of
+    PIPELINED_K_BYTES a row, the hoisted GEMM's fragments as ``_hoisted_fragments`` gives; where
+    that hoisted tile does not fit, one stage and the first K tile. H100, T=100, whole calls
+    (benchmarks/knob_sweep.py, docs/gpu-results.md "eighth run", run 11), ms one stage (K tiles as
+    the unpipelined defaults chose them) -> two stages: LSTM fp16 B=256 H=1024 3.585 -> 3.201, B=64
+    H=2048 5.221 -> 4.157, GRU fp16 B=256 H=1024 3.136 -> 2.787; LSTM TF32 B=64 H=1024 4.104 -> 3.674
+    (64 x 64 hoisted tiles: 128 x 128 ones in two fp32 stages pass 48 KiB), B=256 9.324 -> 9.013."""
+    size = BYTES[program.dtype]
+    for stages, bk in ((2, PIPELINED_K_BYTES // size), (1, knobs["tc_k"])):
+        k = {**knobs, "tc_stages": stages, "tc_k": bk}
+        k["tc_hoisted_frags"] = _hoisted_fragments(k, program, target)
+        if tensor_core_tile(k).for_rows(program.steps * program.batch).fits(size, target):
+            return {n: k[n] for n in ("tc_stages", "tc_k", "tc_hoisted_frags")}
+    return {}
 
 
 def _hoisted_fragments(knobs: dict, program, target) -> int:

@@ -229,9 +229,10 @@ def test_step_gemm_tensor_core_tile_fills_the_sms():
 
 @pytest.mark.parametrize("batch, hidden, bk, bn", [(64, 1024, 128, 32), (256, 1024, 64, 64), (16, 512, 128, 16)])
 def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, bk, bn):
-    """fp16 on an H100: the step GEMM's defaults stage K in the fewest tiles that fit 48 KiB with
-    the narrowed column tile, not prefetched (B=64, H=1024: 8 tiles of K=128 where the first knob
-    values made 32 of K=32, in 64 blocks); the defaults pass valid(); fp32 leaves the knobs alone."""
+    """fp16 on an H100: the step GEMM's defaults pipeline two K tiles of 32 (64 bytes a row) with
+    the narrowed column tile, not prefetched; in one stage they stage K in the fewest tiles that fit
+    48 KiB (B=64, H=1024: 8 tiles of K=128 where the first knob values made 32 of K=32, in 64
+    blocks); both pass valid(); fp32 leaves the knobs alone."""
     from halstm.schedules.cuda import step_tensor_core_tile
 
     recipe = CudaStepLoop()
@@ -239,10 +240,12 @@ def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, bk, bn):
     if not tensorize_works():
         pytest.skip("no tensor cores here")
     knobs = recipe.defaults(program, H100)
-    tile = step_tensor_core_tile(knobs, batch, 4 * hidden, H100)
-    assert (knobs["tc_step_k"], knobs["tc_prefetch"], knobs["tc_fill"], tile.bn) == (bk, False, True, bn)
-    assert recipe.valid(program, H100, knobs) and tile.fits(2, H100)
-    assert 2 * tile.blocks(batch, 4 * hidden) > H100.sms
+    one_stage = {**knobs, "tc_stages": 1, **recipe._step_tensor_core_defaults(program, H100, {**knobs, "tc_stages": 1})}
+    for k, want in ((knobs, (2, 32)), (one_stage, (1, bk))):
+        tile = step_tensor_core_tile(k, batch, 4 * hidden, H100)
+        assert (k["tc_stages"], k["tc_step_k"], k["tc_prefetch"], k["tc_fill"], tile.bn) == (*want, False, True, bn)
+        assert recipe.valid(program, H100, k) and tile.fits(2, H100)
+        assert 2 * tile.blocks(batch, 4 * hidden) > H100.sms
     fp32 = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch)
     assert all(recipe.defaults(fp32, H100)[n] == recipe.knobs[n][0] for n in ("tc_step_k", "tc_prefetch", "tc_fill"))
 
@@ -256,8 +259,9 @@ def test_step_tensor_core_knobs_pruned_where_they_do_not_fit():
     narrow = halstm.lower(halstm.LSTM(512, 512), steps=2, batch=16, dtype="float16")
     if not tensorize_works():
         pytest.skip("no tensor cores here")
-    assert not recipe.valid(wide, H100, recipe.resolve(wide, H100, {"tc_step_k": 128}))
-    assert recipe.valid(wide, H100, recipe.resolve(wide, H100, {"tc_step_k": 64}))
+    assert not recipe.valid(wide, H100, recipe.resolve(wide, H100, {"tc_step_k": 128, "tc_stages": 1}))
+    assert recipe.valid(wide, H100, recipe.resolve(wide, H100, {"tc_step_k": 64, "tc_stages": 1}))
+    assert not recipe.valid(wide, H100, recipe.resolve(wide, H100, {"tc_step_k": 64, "tc_stages": 2}))
     assert recipe.valid(narrow, H100, recipe.resolve(narrow, H100, {"tc_step_k": 128, "tc_prefetch": True}))
     assert any(k["tc_prefetch"] and k["tc_step_k"] == 128 for k in recipe.space(narrow, H100))
 
@@ -294,7 +298,7 @@ def test_hoisted_gemm_has_its_own_fragments():
     assert recipe.valid(program, H100, knobs)
     assert (tensor_core_tile(knobs).bm, tensor_core_tile(knobs).bn) == (128, 128)
     step = step_tensor_core_tile(knobs, 256, 4096, H100)
-    assert (step.bm, step.bn, step.bk) == (64, 64, 64)
+    assert (step.bm, step.bn, step.bk, step.stages) == (64, 64, 32, 2)
     assert any(k["tc_hoisted_frags"] == 4 for k in recipe.space(program, H100))
 
 
@@ -314,7 +318,7 @@ def test_step_gemm_prefetches_the_next_k_tile(prefetch, tmp_path):
     pipeline pass needs no second buffer, the stores follow the reads); without
     it, the loop runs K / bk times and nothing is staged in registers."""
     program = halstm.lower(halstm.LSTM(1024, 1024), steps=3, batch=64, dtype="float16")
-    knobs = {"tc_step_k": 128, "tc_prefetch": prefetch, "tc_fill": True}
+    knobs = {"tc_step_k": 128, "tc_prefetch": prefetch, "tc_fill": True, "tc_stages": 1}
     source = H100.build(CudaStepLoop().apply(program, H100, **knobs).mod).mod.imports[0].inspect_source()
     kernel = _step_gemm_kernel(source)
     assert ("uint4 w_packed1_shared_local_ptr" in kernel) == prefetch

@@ -59,7 +59,8 @@ def test_fp32_gemms_run_as_tf32_only_when_allowed(recipe, gemms, shape, tmp_path
     for kernel in kernels:
         assert "fragment<nvcuda::wmma::matrix_a, 16, 16, 8, nvcuda::wmma::precision::tf32" in kernel
         assert "fragment<nvcuda::wmma::matrix_b, 16, 16, 8, nvcuda::wmma::precision::tf32" in kernel
-        assert kernel.count("__float_to_tf32(") == kernel.count("load_matrix_sync(") == 2
+        loads = kernel.count("load_matrix_sync(")  # 2, or more where the pipeline peels the loop
+        assert loads >= 2 and kernel.count("__float_to_tf32(") == loads
     assert_nvcc_compiles(source, tmp_path)
     assert "wmma" not in _source(halstm.compile(halstm.LSTM(I, H), T, B, "float32", target=H100, recipe=recipe))
     turing = CudaTarget("sm_75", sms=40, shared_memory=64 * 1024)
