@@ -40,6 +40,7 @@ FETCH_BYTES = 16  # a thread's vector fetch into shared memory
 MAX_PREFETCH_REGISTERS = 64  # a thread's registers for the next A and W tiles (prefetch)
 # WMMA with fp32 accumulation: fp16 fragments from Volta (sm_70), bf16 and TF32 from Ampere (sm_80)
 MIN_ARCH = {"float16": 70, "bfloat16": 80, "float32": 80}
+ASYNC_COPY_MIN_ARCH = 80  # cp.async (pipelined K tiles, TensorCoreTile.stages > 1)
 
 
 def tensor_cores_available(dtype: str, target, tf32: bool = False) -> bool:
@@ -106,10 +107,12 @@ class TensorCoreTile:
         (cuda_module.cc). H100: six settings whose step tile breaks this rule (64 x 128 with K=64: 26
         KiB static, 33 KiB dynamic) failed to launch (CUDA_ERROR_INVALID_VALUE; the failing kernel
         inferred, ncu did not name it), a 128 x 128 one with K=32 (19 KiB, 66 KiB) ran. The
-        prefetched tiles within a quarter of a thread's 255 registers."""
+        prefetched tiles within a quarter of a thread's 255 registers. More than one stage from
+        Ampere (cp.async)."""
         static, dynamic = self.static_bytes(size), self.dynamic_bytes()
         limit = target.shared_memory if dynamic >= target.static_shared_memory else target.static_shared_memory
         return (self.threads <= target.max_threads and static <= target.static_shared_memory
+                and (self.stages == 1 or target.compute_capability >= ASYNC_COPY_MIN_ARCH)
                 and static + dynamic <= limit and self.prefetch_registers(size) <= MAX_PREFETCH_REGISTERS)
 
     def for_rows(self, rows: int) -> "TensorCoreTile":

@@ -153,11 +153,16 @@ def test_fp16_and_bf16_gemms_run_on_tensor_cores(dtype, shape, tmp_path):
 @pytest.mark.parametrize("dtype, wmma", [("float16", True), ("bfloat16", False)])
 def test_tensor_cores_only_where_the_arch_has_them(dtype, wmma, tmp_path):
     """A Turing GPU (sm_75) has fp16 WMMA but no bf16 fragments (Ampere on): bf16 stays on FFMA
-    there, and the module compiles for it."""
+    there; nor cp.async: the GEMMs are not pipelined (and refused if asked to be); the module
+    compiles for it."""
     turing = CudaTarget("sm_75", sms=40, shared_memory=64 * 1024)
     f = halstm.compile(halstm.LSTM(64, 64), 8, 16, dtype, target=turing, recipe="cuda-step-loop")
     source = f.module.mod.imports[0].inspect_source()
-    assert ("wmma::mma_sync" in source) == wmma
+    assert ("wmma::mma_sync" in source) == wmma and f.knobs["tc_stages"] == 1 and "cp_async" not in source
+    if wmma:
+        with pytest.raises(ValueError, match="cannot run"):
+            halstm.compile(halstm.LSTM(64, 64), 8, 16, dtype, target=turing, recipe="cuda-step-loop",
+                           knobs={"tc_stages": 2})
     assert_nvcc_compiles(source, tmp_path, "sm_75")
 
 
