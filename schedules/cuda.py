@@ -6,8 +6,9 @@ fp16/bf16 GEMMs run on tensor cores (WMMA, fp32 accumulation; cuda_tensorcore.py
 state (not a computed r * h); ragged shapes are zero-padded. The two tensor-core GEMMs share their
 warps, each has its own fragments (tc_frags, tc_hoisted_frags); the step's also its own K tile,
 prefetch (off: slower where measured) and column narrowing (tc_step_k, tc_prefetch, tc_fill; defaults
-from the target's SMs and shared memory: ``_step_tensor_core_defaults``). The others use the FFMA
-schedule below.
+from the target's SMs and shared memory: ``_step_tensor_core_defaults``). Both are pipelined over two
+K tiles by default (tc_stages, cp.async, from sm_80: ``_pipelined``). fp32 GEMMs run there too as TF32
+when the program allows it (``allow_tf32``). The others use the FFMA schedule below.
 
 FFMA GEMMs (the hoisted one and the step's) share one tiled schedule, C[M, N] = A[M, K] @ W[K, N] with W
 the packed (K, N) weights:

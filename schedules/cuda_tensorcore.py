@@ -10,7 +10,9 @@ dlight ``MatmulTensorization``: C[M, N] = A[M, K] @ W[K, N], W the packed (K, N)
           A_s[bm, bk], W_s[bk, bn] = tiles of A, W             "shared", all threads, vectorised
                                                                (prefetch: tile ko+1 loaded into
                                                                registers before, stored after, the
-                                                               mma of tile ko; _prefetch)
+                                                               mma of tile ko; _prefetch. Or
+                                                               stages > 1: cp.async, stages - 1
+                                                               tiles ahead; _pipeline)
           for kk in bk / 16 (TF32: bk / 8):
             a[fm], w[fn] = fragments of A_s, W_s               "wmma.matrix_a/b" (load_matrix_sync)
             acc[r, c] += a[r] @ w[c]                           mma_sync
