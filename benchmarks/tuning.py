@@ -23,10 +23,12 @@ from halstm.bench import median_ms
 from halstm.database import Database
 from halstm.targets import resolve
 
+from gpu import storage  # noqa: E402 (beside this script: what a benchmark dtype stores)
+
 
 def measure_shape(T, B, H, name, target, device, sync, db, trials) -> str:
     cell = halstm.LSTM(H, H)
-    dtype, tf32 = ("float32", True) if name == "tf32" else (name, False)
+    dtype, tf32 = storage(name), name == "tf32"
     dt = getattr(torch, dtype)
     x = torch.randn(T, B, H, device=device).to(dt)
     params = {k: torch.from_numpy(v).to(device, dt) for k, v in cell.init_parameters(seed=0).items()}

@@ -3,8 +3,9 @@
 Each candidate is compiled, checked against the float64 reference and timed (median after warm-up)
 in a worker process, so that one that crashes, hangs or corrupts memory costs a restart, not the
 tuning run. With ``builders`` > 1 the candidates are first compiled and exported by that many
-worker processes at once (what takes most of a candidate's time: 4-14 s for a tensor-core CUDA
-function), then loaded, checked and timed one at a time, nothing else running. Every result,
+worker processes at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on
+the H100 host, 14 at once, docs/gpu-results.md "ninth run"), then loaded, checked and timed one at
+a time, nothing else running. Every result,
 failures included, is appended to the database at once: an interrupted run resumes where it
 stopped, and ``halstm.compile`` picks up the best record by itself.
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 import os
 import random
 import select
-import statistics
 import struct
 import subprocess
 import sys
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import cloudpickle
 import numpy as np
 
+from .bench import median_ms
 from .database import Database, Record, candidate_id, tuning_key
 
 TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
@@ -79,15 +80,7 @@ def measure(job: Job) -> tuple[float | None, str | None]:
     error = float(np.linalg.norm(y - job.expected) / np.linalg.norm(job.expected))
     if not error < (TF32_TOLERANCE if job.allow_tf32 else TOLERANCE[job.dtype]):
         return None, f"wrong result: relative error {error:.2e}"
-    run = f.prepare(x, params, states)
-    for _ in range(2):
-        run()
-    times = []
-    for _ in range(job.repeat):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times), None
+    return median_ms(f.prepare(x, params, states), job.repeat), None  # a prepared call waits for the device
 
 
 class _Worker:
@@ -107,8 +100,9 @@ class _Worker:
         self.process = subprocess.Popen([sys.executable, "-m", "halstm.tuner"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env, cwd=tempfile.gettempdir())
 
-    def run(self, job: Job, timeout: float, phase: str = "measure"):
-        self.send(job, phase)
+    def run(self, job: Job, timeout: float):
+        """Measure ``job`` (``measure``): its answer, or why it failed."""
+        self.send(job, "measure")
         return self.answer(timeout)
 
     def send(self, job: Job, phase: str) -> None:

@@ -268,7 +268,7 @@ def _pipelined(knobs: dict, program, target) -> dict:
     """The tensor-core GEMMs' defaults: two K tiles in flight (tc_stages 2), each of
     PIPELINED_K_BYTES a row, the hoisted GEMM's fragments as ``_hoisted_fragments`` gives; where
     that hoisted tile does not fit, one stage and the first K tile. H100, T=100, whole calls
-    (benchmarks/knob_sweep.py, docs/gpu-results.md "eighth run", run 11), ms one stage (K tiles as
+    (benchmarks/knob_sweep.py, docs/gpu-results.md "ninth run", run 11), ms one stage (K tiles as
     the unpipelined defaults chose them) -> two stages: LSTM fp16 B=256 H=1024 3.585 -> 3.201, B=64
     H=2048 5.221 -> 4.157, GRU fp16 B=256 H=1024 3.136 -> 2.787; LSTM TF32 B=64 H=1024 4.104 -> 3.674
     (64 x 64 hoisted tiles: 128 x 128 ones in two fp32 stages pass 48 KiB), B=256 9.324 -> 9.013."""
