@@ -287,7 +287,7 @@ def test_tensor_core_tiles_fit_as_the_runtime_launches_them():
 def test_hoisted_gemm_has_its_own_fragments():
     """tc_hoisted_frags sizes the hoisted GEMM's tile alone: at B=256, H=1024 4 x 4 fragments
     make a 128 x 128 hoisted tile (valid: its C tile opts in to dynamic shared memory) while the
-    step GEMM keeps its 64 x 64 tile and K=64. It is the default where the 128 x 128 grid has a
+    step GEMM keeps its 64 x 64 tile and its pipelined K tile (32, two stages). It is the default where the 128 x 128 grid has a
     block for every SM: at T=2 (512 x 4096: 128 blocks for 132 SMs) it stays 2 x 2 (64 x 64)."""
     from halstm.schedules.cuda import step_tensor_core_tile, tensor_core_tile
 
