@@ -170,9 +170,9 @@ def _cell_params(plan: Plan, params: Params) -> Params:
     return Params({n: p if n in weights else _math_view(p) for n, p in params.items()})
 
 
-def _trace_with(plan: Plan, x, states, params, gemm_result):
-    return trace(plan.cell, _math_view(x), [_math_view(s) for s in states], _cell_params(plan, params),
-                 _Tracer(plan, gemm_result))
+def _trace_with(plan: Plan, x, state_views, params, gemm_result):
+    """The cell traced on float32 views of x and the parameters, and the states' views given."""
+    return trace(plan.cell, _math_view(x), state_views, _cell_params(plan, params), _Tracer(plan, gemm_result))
 
 
 @dataclass
@@ -197,7 +197,7 @@ def trace_hoisted(plan: Plan, x, states, params, layout: PackedLayout) -> Hoiste
             operands[gemm.name] = a
         return gemms[gemm.name]
 
-    _trace_with(plan, x, states, params, gemm_result)
+    _trace_with(plan, x, [_math_view(s) for s in states], params, gemm_result)
     return Hoisted(gemms, operands, packed)
 
 
@@ -242,8 +242,11 @@ class StepTrace:
 
 
 def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodiff: bool = False) -> StepTrace:
-    """The step traced; with ``autodiff`` the GEMM operands read the float32 views of the states, the
-    ops the adjoints flow through (else a state's operand copies the state itself: ``_operand``)."""
+    """The step traced. A GEMM operand that is a state's float32 view is copied from the state itself,
+    in its own dtype (the GEMM widens it): an fp16 state's tile is then a plain copy, which the
+    tensor-core GEMM fetches 16 bytes at a time with cp.async, where a cast to fp32 and back was a load
+    and two conversions. With ``autodiff`` the operands read the views, the ops the adjoints flow
+    through."""
     cell = plan.cell
     x, _, params = placeholders(cell, batch, dtype)
     states = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}_t") for s in cell.states]
@@ -254,17 +257,19 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodif
         if g.stage > 0
     }
     gemms, operands = {}, {}
+    views = [_math_view(s) for s in states]
+    viewed = {} if autodiff else {view.op: s for view, s in zip(views, states)}
 
     def gemm_result(gemm, a, _weight):
         if gemm.stage == 0:
             return x_proj[gemm.name]
         if gemm.name not in gemms:
-            operand = _operand(a if autodiff else _widened(a), gemm)
+            operand = _operand(viewed.get(a.op, a), gemm)
             gemms[gemm.name] = _gemm(operand, packed[gemm.name], layout, gemm.rows, gemm.name)
             operands[gemm.name] = a
         return gemms[gemm.name]
 
-    traced = _trace_with(plan, x, states, params, gemm_result)
+    traced = _trace_with(plan, x, views, params, gemm_result)
     return StepTrace(x_proj, states, params, packed, gemms, operands, traced)
 
 
@@ -273,22 +278,6 @@ def _operand(a: te.Tensor, gemm: Gemm) -> te.Tensor:
     A GPU recipe stages it in shared memory: a tile read straight from a state's row-block view
     would copy the view's symbolic offset with it (TVM 0.27's reindex/cache_read)."""
     return te.compute(a.shape, lambda b, k: a[b, k], name=f"{gemm.name}_operand")
-
-
-def _widened(a: te.Tensor) -> te.Tensor:
-    """The tensor ``a`` is an elementwise cast of (``a[i, j] = float32(t[i, j])``), else ``a``. A
-    state's float32 view (``_math_view``) as a GEMM operand is copied from the state in its own dtype
-    (the GEMM widens it): an fp16 state's tile is then a plain copy, which the tensor-core GEMM
-    fetches 16 bytes at a time with cp.async, where a cast to fp32 and back was a load and two
-    conversions."""
-    body = a.op.body[0] if isinstance(a.op, te.ComputeOp) and len(a.op.input_tensors) == 1 else None
-    load = body.value if isinstance(body, tvm.tirx.Cast) else None
-    if not (isinstance(load, tvm.ir.Call) and load.op.name == "te.tensor_load"):
-        return a
-    indices = list(load.args[1:])
-    axes = [iv.var for iv in a.op.axis]
-    same = len(indices) == len(axes) and all(i.same_as(v) for i, v in zip(indices, axes))
-    return a.op.input_tensors[0] if same else a
 
 
 def _view(name: str, buffer: str, row: str, rows: int, cols: int, dtype: str) -> str:
