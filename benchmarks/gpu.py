@@ -3,7 +3,7 @@ halstm (each applicable recipe) against cuDNN (torch.nn.LSTM/GRU) and, for the c
 loop and torch.compile(mode="reduce-overhead") of the same cell. Writes results.md, results.json and
 results.png into the folder given (default $OUT).
 
-    python benchmarks/gpu.py [--shapes 0,1,2] [--out DIR] [--no-compile] [--no-check]
+    python benchmarks/gpu.py [--shapes 0,1,2] [--cells LSTM,GRU] [--out DIR] [--no-compile] [--no-check]
 
 Every halstm function is first compiled in parallel worker processes (the GPU machine's cores; one at a
 time, compiling took most of a call) and exported; the timed run loads them (``halstm.load``) and
@@ -182,19 +182,19 @@ def torch_cell(name, p):
     return {"PeepholeLSTM": peephole, "ResetBeforeGRU": reset_before}[name]
 
 
-def bench_jobs(shapes, dtypes, target, every_recipe):
-    return [(name, T, B, H, H, dtype, recipe) for T, B, H in shapes for name in CELLS
+def bench_jobs(shapes, cells, dtypes, target, every_recipe):
+    return [(name, T, B, H, H, dtype, recipe) for T, B, H in shapes for name in cells
             for dtype in dtypes for recipe in RECIPES
             if applicable(name, T, B, H, H, dtype, recipe, target, every_recipe)]
 
 
-def bench(built, shapes, dtypes, use_compile, use_graphs, out):
+def bench(built, shapes, cells, dtypes, use_compile, use_graphs, out):
     rows = []
     peaks = {dtype: round(measured_peak(dtype), 1) for dtype in dtypes}
     for T, B, H in shapes:
-        for name, cls in CELLS.items():
+        for name in cells:
             for dtype in dtypes:
-                cell = cls(H, H)
+                cell = CELLS[name](H, H)
                 x, p, s = inputs(cell, T, B, dtype, seed=0)
                 row = {"T": T, "B": B, "H": H, "cell": name, "dtype": dtype, "peak TFLOP/s": peaks[dtype]}
                 for recipe in RECIPES:
@@ -315,6 +315,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(map(str, range(len(SHAPES)))))
     ap.add_argument("--dtypes", default="float32,tf32,float16")
+    ap.add_argument("--cells", default=",".join(CELLS), help="timed cells (the checks run every cell)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (20-30 s a cell)")
     ap.add_argument("--every-recipe", action="store_true",
@@ -328,11 +329,11 @@ def main():
     target = CudaTarget.detect()
     print(target, flush=True)
     shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else []
-    dtypes = args.dtypes.split(",")
-    jobs = ([] if args.no_check else check_jobs()) + bench_jobs(shapes, dtypes, target, args.every_recipe)
+    dtypes, cells = args.dtypes.split(","), args.cells.split(",")
+    jobs = ([] if args.no_check else check_jobs()) + bench_jobs(shapes, cells, dtypes, target, args.every_recipe)
     built = Built(jobs, target, args.workers)
     checks = [] if args.no_check else check(built)
-    rows = bench(built, shapes, dtypes, not args.no_compile, args.graphs, args.out)
+    rows = bench(built, shapes, cells, dtypes, not args.no_compile, args.graphs, args.out)
     text = "## Correctness (T=3, B=2, I=20, H=24, relative norm error vs float64)\n\n| cell | dtype | recipe | error | ok |\n|---|---|---|---|---|\n"
     text += "\n".join(f"| {a} | {b} | {c} | {d if isinstance(d, str) else f'{d:.1e}'} | {e} |" for a, b, c, d, e in checks)
     text += "\n\n## Timing (median of 10 after warm-up, CUDA events; eager: median of 3)\n\n" + table(rows, target.name)
