@@ -2,9 +2,10 @@
 elementwise kernel per stage, launched from the compiled host loop over t (no Python per step).
 
 fp16/bf16 GEMMs run on tensor cores (WMMA, fp32 accumulation; cuda_tensorcore.py, knob
-"tensor_cores"): the hoisted one always, the step's from B >= 16 rows and when its operand is a
-state (not a computed r * h); ragged shapes are zero-padded. The two tensor-core GEMMs share their
-warps, each has its own fragments (tc_frags, tc_hoisted_frags); the step's also its own K tile,
+"tensor_cores"): the hoisted one always, the step's from B >= 16 rows, a computed operand
+(ResetBeforeGRU's r * h) rounded to the storage dtype (as a torch cell in that dtype rounds it) where
+it needs no padding; ragged shapes are zero-padded. The two tensor-core GEMMs share their warps, each
+has its own fragments (tc_frags, tc_hoisted_frags); the step's also its own K tile,
 prefetch (off: slower where measured) and column narrowing (tc_step_k, tc_prefetch, tc_fill; defaults
 from the target's SMs and shared memory: ``_step_tensor_core_defaults``). Both are pipelined over two
 K tiles by default (tc_stages, cp.async, from sm_80: ``_pipelined``). fp32 GEMMs run there too as TF32
@@ -39,7 +40,7 @@ from dataclasses import dataclass, replace
 from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
 
-from .cuda_tensorcore import BYTES, TensorCoreTile, copies_its_operand, gemm_tensorcore, tensor_cores_available
+from .cuda_tensorcore import BYTES, TensorCoreTile, fetches_its_operand, gemm_tensorcore, tensor_cores_available
 from .recipe import Recipe, child_blocks, inline_elementwise, is_pure_copy, merge_next_states
 
 VECTOR = 4  # elements a thread fetches at once into shared memory
@@ -154,8 +155,8 @@ class CudaStepLoop(Recipe):
 
     def runs(self, program, target, knobs) -> bool:
         """The tiles that run fit: the hoisted GEMM's (tensor cores or FFMA), the step GEMM's FFMA
-        tile as it runs (it does on tensor cores too where the operand is computed, r * h) and its
-        tensor-core tiles."""
+        tile as it runs (it does on tensor cores too where a computed operand, r * h, would need
+        padding) and its tensor-core tiles."""
         size = BYTES[program.dtype]
         hoisted = (tensor_core_tile(knobs) if use_tensor_cores(knobs, program, target) else hoisted_tile(knobs))
         return (hoisted.fits(size, target) and step_tile(knobs, program.batch).fits(size, target)
@@ -311,16 +312,16 @@ def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None)
 
 def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool, views=()) -> None:
     """The hoisted GEMM (T x B rows) or the step's (B rows) on tensor cores where
-    ``use_tensor_cores`` allows and its operand is an input or a plain copy, else the FFMA tile."""
+    ``use_tensor_cores`` allows and the tile can fetch its operand, else the FFMA tile."""
     rows = program.batch if step else program.steps * program.batch
-    if use_tensor_cores(knobs, program, target, rows if step else None) and copies_its_operand(sch, block):
+    if use_tensor_cores(knobs, program, target, rows if step else None):
         if step:
             tile = step_tensor_core_tile(knobs, rows, int(sch.get(block).writes[0].source.shape[-1]), target)
         else:
             tile = tensor_core_tile(knobs).for_rows(rows)
-        gemm_tensorcore(sch, block, tile, program.dtype)
-    else:
-        gemm_tiled(sch, block, step_tile(knobs, program.batch) if step else hoisted_tile(knobs), views)
+        if fetches_its_operand(sch, block, tile):
+            return gemm_tensorcore(sch, block, tile, program.dtype)
+    gemm_tiled(sch, block, step_tile(knobs, program.batch) if step else hoisted_tile(knobs), views)
 
 
 def _pow2_at_least(n: int) -> int:

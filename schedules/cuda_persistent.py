@@ -150,7 +150,7 @@ class CudaPersistent(Recipe):
 
     def space(self, program, target) -> list[dict]:
         """As Recipe.space, but on tensor cores one register tile only (the first valid): there it
-        changes nothing, or only a computed operand's FFMA GEMM (ResetBeforeGRU's r * h)."""
+        changes nothing."""
         seen, out = set(), []
         for k in super().space(program, target):
             key = tuple((n, v) for n, v in k.items() if not (k["tensor_cores"] and n in ("tile_rows", "tile_cols")))
@@ -217,14 +217,16 @@ class _Gemm:
     @classmethod
     def sized(cls, index, gemm, operand, dtype, B, C, knobs, weights_dtype) -> _Gemm:
         """The sizes that run for these knobs: the tile shrunk to the batch and to a divisor of the
-        block's columns (FFMA) or 16 x 16 (tensor cores, for an operand stored in the weights' dtype:
-        a state, not a computed r * h, which stays exact in fp32 on FFMA); the most split-K parts (a
-        power of two, at most ``max_split``) whose tiles the threads (warps) can hold, each part at
-        least one chunk of K."""
+        block's columns (FFMA) or 16 x 16 (tensor cores: the operand staged in the weights' dtype, a
+        state as it is, a computed r * h rounded to it as a torch cell in that dtype rounds it); the
+        most split-K parts (a power of two, at most ``max_split``) whose tiles the threads (warps) can
+        hold, each part at least one chunk of K."""
         NT, K = knobs["threads"], gemm.depth
-        tc = knobs["tensor_cores"] and dtype == weights_dtype
+        tc = knobs["tensor_cores"]
         if tc:
             tm = tn = FRAG
+            if dtype != weights_dtype:
+                operand, dtype = f'T.Cast("{weights_dtype}", {operand})', weights_dtype
         else:
             tm = min(knobs["tile_rows"], B)
             tn = max(t for t in range(1, knobs["tile_cols"] + 1) if C % t == 0)

@@ -147,8 +147,9 @@ def _round_up(n: int, m: int) -> int:
 
 def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> None:
     """The tensor-core GEMM above on ``block`` (loops b, n, k; A read first, W second). The step's
-    ``<gemm>_operand`` copy of a state (fp32, lowering widens it) is stored in ``dtype`` instead:
-    exact, the state is ``dtype`` already. Ragged M, N, K are padded
+    ``<gemm>_operand`` (fp32: lowering widens it) is stored in ``dtype`` instead: a copy of a state
+    exactly (the state is ``dtype`` already), a computed one (r * h) rounded, as a torch cell in
+    ``dtype`` rounds it. Ragged M, N, K are padded
     with zeros; an operand that needs padding is fetched one predicated element at a time (a
     vector load could run past the end of its buffer), the others 16 bytes at a time."""
     a_buffer = sch.get(block).reads[0].source
@@ -254,13 +255,16 @@ def _prefetch(sch: Schedule, k_outer, fetches) -> None:
     sch.annotate(k_outer, "software_pipeline_order", [0, 3, 1, 4, 2])
 
 
-def copies_its_operand(sch: Schedule, block) -> bool:
-    """Whether the GEMM's A operand is an input or a plain copy (a state's operand copy), not
-    computed in the scope: a computed one (ResetBeforeGRU's r * h) made compute_at of its shared
-    fetch fail the scope's dependence check."""
+def fetches_its_operand(sch: Schedule, block, tile: TensorCoreTile) -> bool:
+    """Whether ``tile`` can fetch the GEMM's A operand: an input, a plain copy (a state's operand
+    copy) or a computed one (ResetBeforeGRU's r * h) that needs no padding. pad_einsum pads a
+    computed operand with a block that reads it over the padded rows and K, past what its producer
+    writes; the scope then fails the region cover that compute_at of the shared fetch checks (B=17,
+    H=40 with 32 x 64 tiles)."""
     a_buffer = sch.get(block).reads[0].source
-    return all(is_pure_copy(sch, p) for p in sch.get_producers(block)
-               if sch.get(p).writes[0].source.same_as(a_buffer))
+    rows, _, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
+    return (rows % tile.bm == 0 and depth % tile.bk == 0) or all(
+        is_pure_copy(sch, p) for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer))
 
 
 def _inline_copies(sch: Schedule, block) -> None:

@@ -167,6 +167,20 @@ def test_tensor_cores_only_where_the_arch_has_them(dtype, wmma, tmp_path):
 
 
 @tensor_cores
+@pytest.mark.parametrize("batch, hidden, step_gemms", [(16, 64, 2), (17, 40, 1)], ids=("whole", "ragged"))
+def test_computed_operand_gemm_on_tensor_cores_where_unpadded(batch, hidden, step_gemms):
+    """ResetBeforeGRU's (r * h) @ W_hn GEMM runs on tensor cores where its operand needs no padding
+    (B=16, H=64: both step GEMMs and the hoisted one are mma_sync kernels), its r * h stored in fp16;
+    where it would (B=17, H=40) it stays on FFMA, the state's GEMM on tensor cores."""
+    program = halstm.lower(halstm.ResetBeforeGRU(hidden, hidden), steps=3, batch=batch, dtype="float16")
+    sch = CudaStepLoop().apply(program, H100)
+    source = H100.build(sch.mod).mod.imports[0].inspect_source()
+    assert sum("wmma::mma_sync" in k for k in source.split("__global__")[1:]) == 1 + step_gemms
+    if step_gemms == 2:
+        assert 'gemm1_operand = T.sblock_alloc_buffer(({}, {}), "float16")'.format(batch, hidden) in sch.mod.script()
+
+
+@tensor_cores
 def test_step_gemm_ir_on_tensor_cores():
     """The step GEMM's IR: the state's fp16 operand copy (the state itself, not its fp32 view: the
     GEMM widens it) becomes an fp16 shared tile copied as it is (no casts: cp.async can fetch it),

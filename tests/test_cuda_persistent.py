@@ -95,8 +95,8 @@ def test_operand_falls_back_to_global_memory_when_it_does_not_fit():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_step_gemm_runs_on_tensor_cores(dtype):
     """B=16, H=512 fp16/bf16 by default: the block's 16 x 16 outputs on tensor cores, K=512 in 32
-    fragments split over the 8 warps; no FFMA tile. fp32 stays on FFMA, and so does a computed
-    operand (ResetBeforeGRU's r * h) beside the state's GEMM on tensor cores."""
+    fragments split over the 8 warps; no FFMA tile. fp32 stays on FFMA. A computed operand
+    (ResetBeforeGRU's r * h) goes on tensor cores too, staged rounded to the weights' dtype."""
     program = _program(dtype=dtype)
     kernel = _Kernel.plan(program, H100, CudaPersistent().defaults(program, H100))
     (g,) = [b for b in kernel.blocks if isinstance(b, _Gemm)]
@@ -106,7 +106,8 @@ def test_step_gemm_runs_on_tensor_cores(dtype):
     assert 'scope="wmma.matrix_b"' in text and '"col_major"' in text
     assert "T.tvm_mma_sync(" not in _step_text(_program())
     text = _step_text(_program(halstm.ResetBeforeGRU, dtype=dtype))
-    assert text.count("T.tvm_mma_sync(") == 1 and "a_r[" in text
+    assert text.count("T.tvm_mma_sync(") == 2 and "a_r[" not in text
+    assert re.search(rf'a_s\d+\[[^\n]*\] = T.Cast\("{dtype}", gemm\d+_operand\[', text)
 
 
 def test_hoisted_gemm_runs_on_tensor_cores():
