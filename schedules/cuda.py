@@ -75,7 +75,7 @@ class CudaStepLoop(Recipe):
         "tc_hoisted_frags": (2, 4, 1),
         "tc_k": (32, 16),
         # K tiles in flight in both tensor-core GEMMs (cp.async pipelining; 1: fetch, sync, mma)
-        "tc_stages": (1, 2, 3),
+        "tc_stages": (1, 2, 3, 4),
         # the step GEMM on tensor cores (B rows, latency-bound: K / tc_step_k serial tile fetches):
         # its K tile, the next K tile's loads in flight during the mma (tc_prefetch), its column
         # tile narrowed while half the SMs would idle (tc_fill); the first values are the schedule
@@ -272,7 +272,8 @@ def _pipelined(knobs: dict, program, target) -> dict:
     (benchmarks/knob_sweep.py, docs/gpu-results.md "ninth run", run 11), ms one stage (K tiles as
     the unpipelined defaults chose them) -> two stages: LSTM fp16 B=256 H=1024 3.585 -> 3.201, B=64
     H=2048 5.221 -> 4.157, GRU fp16 B=256 H=1024 3.136 -> 2.787; LSTM TF32 B=64 H=1024 4.104 -> 3.674
-    (64 x 64 hoisted tiles: 128 x 128 ones in two fp32 stages pass 48 KiB), B=256 9.324 -> 9.013."""
+    (64 x 64 hoisted tiles: 128 x 128 ones in two fp32 stages passed the 48 KiB of static shared
+    memory the operand tiles had then), B=256 9.324 -> 9.013."""
     size = BYTES[program.dtype]
     for stages, bk in ((2, PIPELINED_K_BYTES // size), (1, knobs["tc_k"])):
         k = {**knobs, "tc_stages": stages, "tc_k": bk}

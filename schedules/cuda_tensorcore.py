@@ -7,7 +7,7 @@ dlight ``MatmulTensorization``: C[M, N] = A[M, K] @ W[K, N], W the packed (K, N)
       for warp (warps_m x warps_n, each fm x fn fragments):   threadIdx.y
         acc[fm, fn] = 0                                        "wmma.accumulator"
         for ko in K / bk:
-          A_s[bm, bk], W_s[bk, bn] = tiles of A, W             "shared", all threads, vectorised
+          A_s[bm, bk], W_s[bk, bn] = tiles of A, W             "shared.dyn", all threads, vectorised
                                                                (prefetch: tile ko+1 loaded into
                                                                registers before, stored after, the
                                                                mma of tile ko; _prefetch. Or
@@ -16,7 +16,7 @@ dlight ``MatmulTensorization``: C[M, N] = A[M, K] @ W[K, N], W the packed (K, N)
           for kk in bk / 16 (TF32: bk / 8):
             a[fm], w[fn] = fragments of A_s, W_s               "wmma.matrix_a/b" (load_matrix_sync)
             acc[r, c] += a[r] @ w[c]                           mma_sync
-        acc -> C_s (shared) -> C                               store_matrix_sync, then all threads
+        acc -> C_s (shared.dyn, over A_s, W_s) -> C            store_matrix_sync, then all threads
 
 The intrinsics are in wmma.py (bf16 fragments need sm_80+). The step GEMM (B rows) is latency-bound
 (K / bk serial round trips to L2 in few blocks): its tile narrows to fill the SMs (``filling``), stages
@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from tvm.s_tir import Schedule
 
 from .recipe import is_pure_copy
-from .wmma import FRAG, frag_k, fragment_dtype, intrinsics
+from .wmma import FRAG, TILE_SCOPE, frag_k, fragment_dtype, intrinsics
 
 WARP = 32
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -86,36 +86,34 @@ class TensorCoreTile:
     def threads(self) -> int:
         return self.warps_m * self.warps_n * WARP
 
-    def static_bytes(self, size: int) -> int:
-        """The A and W tiles ("shared": static), one of each per stage, their rows padded against bank
-        conflicts as gemm_tensorcore aligns them: to VECTOR more than a multiple of 32 elements (a
-        K tile of 16 takes rows of 40)."""
+    def operand_bytes(self, size: int) -> int:
+        """The A and W tiles, one of each per stage, their rows padded against bank conflicts as
+        gemm_tensorcore aligns them: to VECTOR more than a multiple of 32 elements (a K tile of 16
+        takes rows of 40)."""
         def row(n):
             return n + (VECTOR - n) % 32
         return (self.bm * row(self.bk) + self.bk * row(self.bn)) * size * self.stages
 
-    def dynamic_bytes(self) -> int:
-        """The fp32 C tile ("shared.dyn": dynamic)."""
-        return self.bm * (self.bn + 4) * 4
+    def shared_bytes(self, size: int) -> int:
+        """The block's shared memory, all of it dynamic (the operand tiles in TILE_SCOPE, the fp32
+        C tile): TVM's merge of the dynamic allocations lays the C tile over the operand tiles, dead
+        once it is written, so the larger of the two (as TVM allocated them: 128 x 128 fp16 with K 32
+        in two stages 64 KiB, the C tile; 64 x 64 with K 32 in two stages 19 KiB, the operands)."""
+        return max(self.operand_bytes(size), self.bm * self.bn * 4)
 
     def prefetch_registers(self, size: int) -> int:
         """32-bit registers a thread holds the next A and W tiles in (with ``prefetch``)."""
         return (self.bm + self.bn) * self.bk * size // (self.threads * 4) if self.prefetch else 0
 
     def fits(self, size: int, target) -> bool:
-        """Threads within the block limit; shared memory as TVM's CUDA runtime launches it: the
-        static tiles within 48 KiB, and with the dynamic one within 48 KiB too, unless the dynamic
-        one alone reaches 48 KiB, when the runtime opts the kernel in to the block's maximum
-        (cuda_module.cc). H100: six settings whose step tile breaks this rule (64 x 128 with K=64: 26
-        KiB static, 33 KiB dynamic) failed to launch (CUDA_ERROR_INVALID_VALUE; the failing kernel
-        inferred, ncu did not name it), a 128 x 128 one with K=32 (19 KiB, 66 KiB) ran. The
-        prefetched tiles within a quarter of a thread's 255 registers. More than one stage from
-        Ampere (cp.async)."""
-        static, dynamic = self.static_bytes(size), self.dynamic_bytes()
-        limit = target.shared_memory if dynamic >= target.static_shared_memory else target.static_shared_memory
-        return (self.threads <= target.max_threads and static <= target.static_shared_memory
+        """Threads within the block limit; shared memory within the block's maximum (all of it
+        dynamic, which TVM's CUDA runtime opts the kernel in to past 48 KiB: cuda_module.cc. With
+        static operand tiles beside a dynamic C tile it did not when the dynamic part alone was under
+        48 KiB, and six such settings failed to launch on an H100); the prefetched tiles within a
+        quarter of a thread's 255 registers; more than one stage from Ampere (cp.async)."""
+        return (self.threads <= target.max_threads and self.shared_bytes(size) <= target.shared_memory
                 and (self.stages == 1 or target.compute_capability >= ASYNC_COPY_MIN_ARCH)
-                and static + dynamic <= limit and self.prefetch_registers(size) <= MAX_PREFETCH_REGISTERS)
+                and self.prefetch_registers(size) <= MAX_PREFETCH_REGISTERS)
 
     def for_rows(self, rows: int) -> "TensorCoreTile":
         """The tile with its row extent shrunk (fragments first, then warps) while it exceeds the
@@ -178,7 +176,7 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
 
     fetches = []
     for index in (0, 1):
-        staged = sch.cache_read(outer, index, "shared")
+        staged = sch.cache_read(outer, index, TILE_SCOPE)
         fetches.append(staged)
         sch.compute_at(staged, k_outer)
         _inline_copies(sch, staged)
@@ -197,9 +195,10 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
         for frag in (a_frag, w_frag):
             sch.unsafe_set_dtype(frag, 0, fragment_dtype(dtype))
 
-    # C's tile in another scope than A's and W's: TVM's storage rewrite would otherwise reuse A's
-    # fp16 tile for it, and lowering refuses the fp32 pointer into it (access_ptr element type)
-    c_shared = sch.cache_write(outer, 0, "shared.dyn")
+    # C's tile in the operands' scope: TVM merges the three into one dynamic allocation, C over the
+    # operand tiles (TensorCoreTile.shared_bytes); the CUDA target turns TVM's storage rewrite off,
+    # which would instead reuse A's fp16 tile for C and fail on the fp32 pointer into it
+    c_shared = sch.cache_write(outer, 0, TILE_SCOPE)
     acc = sch.cache_write(outer, 0, "wmma.accumulator")
     sch.storage_align(acc, 0, axis=-2, factor=16, offset=4)  # acc's store writes the C tile
     sch.reverse_compute_at(acc, warp)

@@ -1,5 +1,5 @@
-"""The WMMA intrinsics the tensor-core GEMM tensorizes with: operands in row-major shared-memory
-tiles, the accumulator fp32, stored to ``shared.dyn``. fp16/bf16 operands make 16x16x16 fragments;
+"""The WMMA intrinsics the tensor-core GEMM tensorizes with: operands in row-major tiles of dynamic
+shared memory, the accumulator fp32, stored to another such tile. fp16/bf16 operands make 16x16x16 fragments;
 fp32 operands (with TF32 allowed) 16x16x8 ones of ``precision::tf32``, the shape TF32 WMMA has.
 
 Each is a pair (what the loop computes, what replaces it) written as TVMScript and registered on
@@ -23,6 +23,7 @@ from tvm.s_tir._tensor_intrin import TensorIntrin
 FRAG = 16  # a fragment's rows (M) and columns (N)
 _ACC = "float32"
 TF32_STAND_IN = "float16"  # the IR type of a TF32 operand fragment
+TILE_SCOPE = "shared.dyn"  # the shared tiles the operand fragments load from and the accumulator stores to
 
 
 def fragment_dtype(dtype: str) -> str:
@@ -127,10 +128,10 @@ def intrinsics(dtype: str) -> dict[str, str]:
     """Register (once) and name the intrinsics for ``dtype`` operands: roles load_a, load_b,
     init, compute, store."""
     k = frag_k(dtype)
-    pairs = {"load_a": _copy(dtype, "shared", "wmma.matrix_a", (16, k), k),
-             "load_b": _copy(dtype, "shared", "wmma.matrix_b", (k, 16), k),
+    pairs = {"load_a": _copy(dtype, TILE_SCOPE, "wmma.matrix_a", (16, k), k),
+             "load_b": _copy(dtype, TILE_SCOPE, "wmma.matrix_b", (k, 16), k),
              "init": _fill(k), "compute": _mma(dtype, k),
-             "store": _copy(_ACC, "wmma.accumulator", "shared.dyn", (16, 16), k)}
+             "store": _copy(_ACC, "wmma.accumulator", TILE_SCOPE, (16, 16), k)}
     names = {role: f"halstm_wmma_{role}_{dtype}" for role in pairs}
     for role, (desc, impl) in pairs.items():
         TensorIntrin.register(names[role], tvm.script.from_source(desc), tvm.script.from_source(impl), override=True)

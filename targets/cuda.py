@@ -94,11 +94,16 @@ class CudaTarget:
         common-subexpression pass hands a step's row offset (t * B * H) to the kernel as an opaque
         argument; the code generator then cannot prove a 16-byte load through a state's row view
         aligned and gathers instead (for fp16, a make_uint4 of eight halves that nvcc rejects).
-        nvcc eliminates common subexpressions itself. And with asynchronous copies on: the global to
+        nvcc eliminates common subexpressions itself. With asynchronous copies on: the global to
         shared copies of a software pipeline's asynchronous stages become cp.async (the tensor-core
-        GEMM's tc_stages); copies outside such stages stay as they are."""
+        GEMM's tc_stages); copies outside such stages stay as they are. And without TVM's storage
+        rewrite: it gave the tensor-core GEMM's fp32 C tile the fp16 A tile's memory (in three or
+        more stages), and lowering then failed on the fp32 pointer into it (access_ptr element
+        type); the merge of the dynamic shared allocations, which lays them out by byte offsets,
+        still shares that memory."""
         outer = tvm.transform.PassContext.current()
-        config = {**outer.config, "tirx.disable_cse_tir": True, "tirx.use_async_copy": True}
+        config = {**outer.config, "tirx.disable_cse_tir": True, "tirx.use_async_copy": True,
+                  "tirx.disable_storage_rewrite": True}
         return tvm.transform.PassContext(outer.opt_level, list(outer.required_pass), list(outer.disabled_pass),
                                          list(outer.instruments), config)
 

@@ -16,8 +16,8 @@ import tvm
 import halstm
 from halstm import schedules
 from halstm.schedules import CudaPersistent, CudaStepLoop
-from halstm.schedules.cuda import hoisted_tile, step_tile
-from halstm.schedules.cuda_tensorcore import tensorize_works
+from halstm.schedules.cuda import hoisted_tile, step_tensor_core_tile, step_tile, tensor_core_tile
+from halstm.schedules.cuda_tensorcore import TensorCoreTile, tensorize_works
 from halstm.targets import CudaTarget
 
 from conftest import TOLERANCE, random_inputs, rel_err, upcast
@@ -192,8 +192,8 @@ def test_step_gemm_ir_on_tensor_cores():
             '* T.Cast("float32", w_packed1[v_k, v_n])') in before
     step = CudaStepLoop().apply(program, H100).mod.script()
     step = step[step.index('T.sblock("step")'):]
-    assert 'gemm0_operand_shared = T.sblock_alloc_buffer((16, 64), "float16", scope="shared")' in step
-    assert "gemm0_operand_shared[v0, v1] = h_t[v0, v1]" in step
+    assert 'gemm0_operand_shared_dyn = T.sblock_alloc_buffer((16, 64), "float16", scope="shared.dyn")' in step
+    assert "gemm0_operand_shared_dyn[v0, v1] = h_t[v0, v1]" in step
     assert "T.tvm_load_matrix_sync(" in step and "T.tvm_mma_sync(" in step
 
 
@@ -235,8 +235,6 @@ def test_step_gemm_tensor_core_tile_fills_the_sms():
     """With tc_fill the step GEMM's tensor-core tile narrows (fragments, then warps) while half the
     SMs would sit idle (B=64, N=4096: 64 blocks of 64 x 64 for 132 SMs), and keeps its size where
     the grid already fills them."""
-    from halstm.schedules.cuda_tensorcore import TensorCoreTile
-
     tile = TensorCoreTile(warps_m=2, warps_n=2, fm=2, fn=2, bk=32)
     narrowed = tile.for_rows(64).filling(64, 4096, sms=132)
     assert (narrowed.bm, narrowed.bn) == (64, 32) and narrowed.threads == tile.threads
@@ -246,14 +244,12 @@ def test_step_gemm_tensor_core_tile_fills_the_sms():
     assert tile.for_rows(16).filling(16, 2048, sms=132).blocks(16, 2048) == 128
 
 
-@pytest.mark.parametrize("batch, hidden, bk, bn", [(64, 1024, 128, 32), (256, 1024, 64, 64), (16, 512, 128, 16)])
+@pytest.mark.parametrize("batch, hidden, bk, bn", [(64, 1024, 128, 32), (256, 1024, 128, 64), (16, 512, 128, 16)])
 def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, bk, bn):
     """fp16 on an H100: the step GEMM's defaults pipeline two K tiles of 32 (64 bytes a row) with
     the narrowed column tile, not prefetched; in one stage they stage K in the fewest tiles that fit
-    48 KiB (B=64, H=1024: 8 tiles of K=128 where the first knob values made 32 of K=32, in 64
-    blocks); both pass valid(); fp32 leaves the knobs alone."""
-    from halstm.schedules.cuda import step_tensor_core_tile
-
+    (B=64, H=1024: 8 tiles of K=128 where the first knob values made 32 of K=32, in 64 blocks);
+    both pass valid(); fp32 leaves the knobs alone."""
     recipe = CudaStepLoop()
     program = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch, dtype="float16")
     if not tensorize_works():
@@ -270,32 +266,33 @@ def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, bk, bn):
 
 
 def test_step_tensor_core_knobs_pruned_where_they_do_not_fit():
-    """valid() checks the step tile that runs: at B=256, H=1024 a 64 x 64 tile with K=128 needs
-    52 KiB of shared memory (over the 48 KiB static limit); one warp (B=16, filled to 16 x 16)
-    prefetching K=128 holds 64 registers a thread, at the limit, and passes."""
+    """valid() checks the step tile that runs: on a GPU with 64 KiB of shared memory a block at B=256,
+    H=1024, a 64 x 64 tile with K=128 in two stages needs 70 KiB (in one, 35 KiB); one warp (B=16,
+    filled to 16 x 16) prefetching K=128 holds 64 registers a thread, at the limit, and passes."""
     recipe = CudaStepLoop()
+    small = CudaTarget("sm_90", sms=132, shared_memory=64 * 1024)
     wide = halstm.lower(halstm.LSTM(1024, 1024), steps=2, batch=256, dtype="float16")
     narrow = halstm.lower(halstm.LSTM(512, 512), steps=2, batch=16, dtype="float16")
     if not tensorize_works():
         pytest.skip("no tensor cores here")
-    assert not recipe.valid(wide, H100, recipe.resolve(wide, H100, {"tc_step_k": 128, "tc_stages": 1}))
-    assert recipe.valid(wide, H100, recipe.resolve(wide, H100, {"tc_step_k": 64, "tc_stages": 1}))
-    assert not recipe.valid(wide, H100, recipe.resolve(wide, H100, {"tc_step_k": 64, "tc_stages": 2}))
+    assert not recipe.valid(wide, small, recipe.resolve(wide, small, {"tc_step_k": 128, "tc_stages": 2}))
+    assert recipe.valid(wide, small, recipe.resolve(wide, small, {"tc_step_k": 128, "tc_stages": 1}))
+    assert recipe.valid(wide, H100, recipe.resolve(wide, H100, {"tc_step_k": 128, "tc_stages": 2}))
     assert recipe.valid(narrow, H100, recipe.resolve(narrow, H100, {"tc_step_k": 128, "tc_prefetch": True}))
     assert any(k["tc_prefetch"] and k["tc_step_k"] == 128 for k in recipe.space(narrow, H100))
 
 
 def test_tensor_core_tiles_fit_as_the_runtime_launches_them():
-    """TVM's CUDA runtime opts a kernel in past 48 KiB of shared memory only when its dynamic part
-    (the C tile) alone reaches 48 KiB. H100: settings whose step tile was 64 x 128 with K=64 (26 KiB
-    static + 33 KiB dynamic) failed to launch (the failing kernel inferred); 128 x 128 with K=32
-    (19 + 66 KiB) ran; 64 x 64 with K=64 fits in 48 KiB."""
-    from halstm.schedules.cuda_tensorcore import TensorCoreTile
-
-    assert not TensorCoreTile(2, 4, 2, 2, 64).fits(2, H100)
-    assert TensorCoreTile(2, 2, 4, 4, 32).fits(2, H100)
-    assert TensorCoreTile(2, 2, 2, 2, 64).fits(2, H100)
-    assert not TensorCoreTile(2, 2, 4, 4, 32).fits(2, CudaTarget("sm_90", sms=132, shared_memory=64 * 1024))
+    """All of a tensor-core GEMM's shared memory is dynamic, which TVM's CUDA runtime opts a kernel in
+    to past 48 KiB, up to the block's maximum: the 64 x 128 step tile with K=64 that failed to launch
+    on an H100 as 26 KiB of static operand tiles beside a 33 KiB dynamic C tile fits now, as do
+    four stages of 128 x 128 with K=32. A GPU with 64 KiB a block takes that tile in two stages
+    (its C tile, 64 KiB, over 37 KiB of operand tiles), not in four (74 KiB of operand tiles)."""
+    assert TensorCoreTile(2, 4, 2, 2, 64).fits(2, H100)
+    assert TensorCoreTile(2, 2, 4, 4, 32, stages=4).fits(2, H100)
+    small = CudaTarget("sm_90", sms=132, shared_memory=64 * 1024)
+    assert TensorCoreTile(2, 2, 4, 4, 32, stages=2).fits(2, small)
+    assert not TensorCoreTile(2, 2, 4, 4, 32, stages=4).fits(2, small)
 
 
 def test_hoisted_gemm_has_its_own_fragments():
@@ -303,8 +300,6 @@ def test_hoisted_gemm_has_its_own_fragments():
     make a 128 x 128 hoisted tile (valid: its C tile opts in to dynamic shared memory) while the
     step GEMM keeps its 64 x 64 tile and its pipelined K tile (32, two stages). It is the default where the 128 x 128 grid has a
     block for every SM: at T=2 (512 x 4096: 128 blocks for 132 SMs) it stays 2 x 2 (64 x 64)."""
-    from halstm.schedules.cuda import step_tensor_core_tile, tensor_core_tile
-
     recipe = CudaStepLoop()
     program = halstm.lower(halstm.LSTM(1024, 1024), steps=2, batch=256, dtype="float16")
     if not tensorize_works():
@@ -338,11 +333,12 @@ def test_step_gemm_prefetches_the_next_k_tile(prefetch, tmp_path):
     it, the loop runs K / bk times and nothing is staged in registers."""
     program = halstm.lower(halstm.LSTM(1024, 1024), steps=3, batch=64, dtype="float16")
     knobs = {"tc_step_k": 128, "tc_prefetch": prefetch, "tc_fill": True, "tc_stages": 1}
-    source = H100.build(CudaStepLoop().apply(program, H100, **knobs).mod).mod.imports[0].inspect_source()
+    mod = CudaStepLoop().apply(program, H100, **knobs).mod
+    source = H100.build(mod).mod.imports[0].inspect_source()
     kernel = _step_gemm_kernel(source)
-    assert ("uint4 w_packed1_shared_local_ptr" in kernel) == prefetch
+    assert ("w_packed1_shared_dyn_local_ptr" in kernel) == prefetch
     assert f"k_0_0 < {1024 // 128 - 1 if prefetch else 1024 // 128};" in kernel
-    assert "half gemm0_operand_shared_ptr[8704];" in kernel and "half w_packed1_shared_ptr[5120];" in kernel
+    assert (64 * 136 + 128 * 40) * 2 in _dynamic_shared_bytes(mod).values()
     assert kernel.count("mma_sync(") == (2 if prefetch else 1)  # the last tile's mma after the loop
     assert_nvcc_compiles(source, tmp_path)
 
@@ -405,10 +401,14 @@ def _run_kernel(func, arrays: dict) -> None:
         env[name] = Buffer(name, arrays[param], memory)
     blocks, bx = re.search(r'with T.launch_thread\("blockIdx.x", (\d+)\) as (\w+):', text).groups()
     shared = re.findall(r"(\w+) = T.alloc_shared\(\((\d+),\)", text)
-    threads, tx = re.search(r'with T.launch_thread\("threadIdx.x", (\d+)\) as (\w+):\n', text).groups()
-    body = _Lazy().visit(ast.parse(textwrap.dedent(text.split(f"as {tx}:\n")[1])))
+    # "with T.launch_thread(...) as tx:" or, without TVM's storage rewrite, "tx = T.launch_thread(...)"
+    launch = re.search(r'(?:with T.launch_thread\("threadIdx.x", (\d+)\) as (\w+):|(\w+) = T.launch_thread\("threadIdx.x", (\d+)\))\n', text)
+    threads, tx = (launch.group(1), launch.group(2)) if launch.group(1) else (launch.group(4), launch.group(3))
+    body = _Lazy().visit(ast.parse(textwrap.dedent(text[launch.end():])))
     phases = [[]]
     for statement in body.body:
+        if "T.alloc_shared(" in ast.unparse(statement):
+            continue  # the shared tiles, made per block below
         if ast.unparse(statement) == "T.tvm_storage_sync('shared')":
             phases.append([])
         else:
@@ -499,13 +499,32 @@ def test_pipelined_gemms_fetch_with_cp_async(dtype, knobs, tmp_path):
     assert "cp.async" not in ragged.module.mod.imports[0].inspect_source()
 
 
-def test_static_shared_memory_model_matches_the_padded_tiles():
-    """TensorCoreTile.static_bytes as ptxas counted it: a 128 x 128 fp32 tile with K 16 in two
-    stages took 0xe400 bytes (rows of 40, not 24: aligned to 8 more than a multiple of 32)."""
-    from halstm.schedules.cuda_tensorcore import TensorCoreTile
+def _dynamic_shared_bytes(mod) -> dict:
+    """Each kernel's dynamic shared memory as TVM's CUDA pipeline allocates it (merged), by name."""
+    sizes = {}
+    for name, func in _device_kernels(mod).items():
+        found = re.search(r'buf_dyn_shmem = T.alloc_buffer\(\((\d+),\)', func.script())
+        if found:
+            sizes[name] = int(found.group(1))
+    return sizes
 
-    assert TensorCoreTile(2, 2, 4, 4, 16, stages=2).static_bytes(4) == 0xE400
-    assert TensorCoreTile(2, 2, 2, 2, 32).static_bytes(2) == (64 * 40 + 32 * 72) * 2
+
+@tensor_cores
+@pytest.mark.parametrize("dtype, knobs", [("float16", {}), ("float16", {"tc_stages": 4}), ("float16", {"tc_stages": 1}),
+                                          ("float32", {"tc_stages": 3, "tc_hoisted_frags": 4})])
+def test_shared_memory_model_matches_tvms_allocation(dtype, knobs):
+    """TensorCoreTile.shared_bytes as TVM allocates the GEMM kernels' merged dynamic shared memory:
+    the larger of the operand tiles (rows padded to 8 more than a multiple of 32: a K tile of 16
+    takes rows of 40) and the fp32 C tile laid over them. LSTM B=256, H=1024 (T=3): the hoisted
+    and the step GEMM."""
+    program = halstm.lower(halstm.LSTM(1024, 1024), steps=3, batch=256, dtype=dtype, allow_tf32=dtype == "float32")
+    recipe = CudaStepLoop()
+    k = recipe.resolve(program, H100, knobs)
+    size = 4 if dtype == "float32" else 2
+    tiles = (tensor_core_tile(k).for_rows(3 * 256), step_tensor_core_tile(k, 256, 4096, H100))
+    assert sorted(_dynamic_shared_bytes(recipe.apply(program, H100, **knobs).mod).values()) == sorted(
+        t.shared_bytes(size) for t in tiles)
+    assert TensorCoreTile(2, 2, 4, 4, 16, stages=2).operand_bytes(4) == 0xE400  # ptxas, when static
 
 
 @pytest.mark.gpu
