@@ -7,9 +7,9 @@ fp16/bf16 GEMMs run on tensor cores (WMMA, fp32 accumulation; cuda_tensorcore.py
 it needs no padding; ragged shapes are zero-padded. The two tensor-core GEMMs share their warps, each
 has its own fragments (tc_frags, tc_hoisted_frags); the step's also its own K tile,
 prefetch (off: slower where measured) and column narrowing (tc_step_k, tc_prefetch, tc_fill; defaults
-from the target's SMs and shared memory: ``_step_tensor_core_defaults``). Both are pipelined over two
-K tiles by default (tc_stages, cp.async, from sm_80: ``_pipelined``). fp32 GEMMs run there too as TF32
-when the program allows it (``allow_tf32``). The others use the FFMA schedule below.
+from the target's SMs and shared memory: ``_step_tensor_core_defaults``). Both are pipelined over four
+K tiles by default, two for TF32 (tc_stages, cp.async, from sm_80: ``_pipelined``). fp32 GEMMs run
+there too as TF32 when the program allows it (``allow_tf32``). The others use the FFMA schedule below.
 
 FFMA GEMMs (the hoisted one and the step's) share one tiled schedule, C[M, N] = A[M, K] @ W[K, N] with W
 the packed (K, N) weights:
@@ -263,19 +263,23 @@ def step_tensor_core_tile(knobs: dict, rows: int, cols: int, target) -> TensorCo
 
 # the K tile of a pipelined GEMM: 64 bytes a row (32 fp16, 16 fp32 elements)
 PIPELINED_K_BYTES = 64
+# K tiles in flight by default: four for fp16/bf16 (measured), two for TF32 (three measured no faster)
+PIPELINE_STAGES = {"float16": 4, "bfloat16": 4, "float32": 2}
 
 
 def _pipelined(knobs: dict, program, target) -> dict:
-    """The tensor-core GEMMs' defaults: two K tiles in flight (tc_stages 2), each of
-    PIPELINED_K_BYTES a row, the hoisted GEMM's fragments as ``_hoisted_fragments`` gives; where
-    that hoisted tile does not fit, one stage and the first K tile. H100, T=100, whole calls
-    (benchmarks/knob_sweep.py, docs/gpu-results.md "ninth run", run 11), ms one stage (K tiles as
-    the unpipelined defaults chose them) -> two stages: LSTM fp16 B=256 H=1024 3.585 -> 3.201, B=64
-    H=2048 5.221 -> 4.157, GRU fp16 B=256 H=1024 3.136 -> 2.787; LSTM TF32 B=64 H=1024 4.104 -> 3.674
-    (64 x 64 hoisted tiles: 128 x 128 ones in two fp32 stages passed the 48 KiB of static shared
-    memory the operand tiles had then), B=256 9.324 -> 9.013."""
+    """The tensor-core GEMMs' defaults: PIPELINE_STAGES K tiles in flight, each of PIPELINED_K_BYTES
+    a row, the hoisted GEMM's fragments as ``_hoisted_fragments`` gives; where that hoisted tile does
+    not fit, two stages, then one stage and the first K tile. H100, T=100, whole calls
+    (benchmarks/knob_sweep.py), ms. One stage -> two (docs/gpu-results.md "ninth run", run 11):
+    LSTM fp16 B=256 H=1024 3.585 -> 3.201, B=64 H=2048 5.221 -> 4.157, GRU fp16 B=256 H=1024 3.136 ->
+    2.787; LSTM TF32 B=64 H=1024 4.104 -> 3.674, B=256 9.324 -> 9.013. Two -> three -> four, with
+    all of the tiles in dynamic shared memory ("tenth run", run 14): LSTM fp16 B=256 H=1024 3.192 ->
+    3.152 -> 3.096, B=64 H=2048 4.215 -> 3.796 -> 3.607, GRU fp16 B=256 H=1024 2.773 -> 2.733 ->
+    2.645; LSTM TF32 B=64 H=1024 3.595 -> 3.612 (three)."""
     size = BYTES[program.dtype]
-    for stages, bk in ((2, PIPELINED_K_BYTES // size), (1, knobs["tc_k"])):
+    for stages, bk in ((PIPELINE_STAGES[program.dtype], PIPELINED_K_BYTES // size),
+                       (2, PIPELINED_K_BYTES // size), (1, knobs["tc_k"])):
         k = {**knobs, "tc_stages": stages, "tc_k": bk}
         k["tc_hoisted_frags"] = _hoisted_fragments(k, program, target)
         if tensor_core_tile(k).for_rows(program.steps * program.batch).fits(size, target):

@@ -246,7 +246,7 @@ def test_step_gemm_tensor_core_tile_fills_the_sms():
 
 @pytest.mark.parametrize("batch, hidden, bk, bn", [(64, 1024, 128, 32), (256, 1024, 128, 64), (16, 512, 128, 16)])
 def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, bk, bn):
-    """fp16 on an H100: the step GEMM's defaults pipeline two K tiles of 32 (64 bytes a row) with
+    """fp16 on an H100: the step GEMM's defaults pipeline four K tiles of 32 (64 bytes a row) with
     the narrowed column tile, not prefetched; in one stage they stage K in the fewest tiles that fit
     (B=64, H=1024: 8 tiles of K=128 where the first knob values made 32 of K=32, in 64 blocks);
     both pass valid(); fp32 leaves the knobs alone."""
@@ -256,7 +256,7 @@ def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, bk, bn):
         pytest.skip("no tensor cores here")
     knobs = recipe.defaults(program, H100)
     one_stage = {**knobs, "tc_stages": 1, **recipe._step_tensor_core_defaults(program, H100, {**knobs, "tc_stages": 1})}
-    for k, want in ((knobs, (2, 32)), (one_stage, (1, bk))):
+    for k, want in ((knobs, (4, 32)), (one_stage, (1, bk))):
         tile = step_tensor_core_tile(k, batch, 4 * hidden, H100)
         assert (k["tc_stages"], k["tc_step_k"], k["tc_prefetch"], k["tc_fill"], tile.bn) == (*want, False, True, bn)
         assert recipe.valid(program, H100, k) and tile.fits(2, H100)
@@ -297,9 +297,10 @@ def test_tensor_core_tiles_fit_as_the_runtime_launches_them():
 
 def test_hoisted_gemm_has_its_own_fragments():
     """tc_hoisted_frags sizes the hoisted GEMM's tile alone: at B=256, H=1024 4 x 4 fragments
-    make a 128 x 128 hoisted tile (valid: its C tile opts in to dynamic shared memory) while the
-    step GEMM keeps its 64 x 64 tile and its pipelined K tile (32, two stages). It is the default where the 128 x 128 grid has a
-    block for every SM: at T=2 (512 x 4096: 128 blocks for 132 SMs) it stays 2 x 2 (64 x 64)."""
+    make a 128 x 128 hoisted tile (valid: 74 KiB of dynamic shared memory in four stages) while the
+    step GEMM keeps its 64 x 64 tile and its pipelined K tile (32, four stages). It is the default
+    where the 128 x 128 grid has a block for every SM: at T=2 (512 x 4096: 128 blocks for 132 SMs)
+    it stays 2 x 2 (64 x 64)."""
     recipe = CudaStepLoop()
     program = halstm.lower(halstm.LSTM(1024, 1024), steps=2, batch=256, dtype="float16")
     if not tensorize_works():
@@ -312,7 +313,7 @@ def test_hoisted_gemm_has_its_own_fragments():
     assert recipe.valid(program, H100, knobs)
     assert (tensor_core_tile(knobs).bm, tensor_core_tile(knobs).bn) == (128, 128)
     step = step_tensor_core_tile(knobs, 256, 4096, H100)
-    assert (step.bm, step.bn, step.bk, step.stages) == (64, 64, 32, 2)
+    assert (step.bm, step.bn, step.bk, step.stages) == (64, 64, 32, 4)
     assert any(k["tc_hoisted_frags"] == 4 for k in recipe.space(program, H100))
 
 
