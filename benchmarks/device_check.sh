@@ -6,8 +6,8 @@
 #
 # Stages (default: all, in this order), each writing into $OUT:
 #   tests   every GPU test (pytest -m gpu, 12 workers)                      pytest.log       ~2 min
-#   sweep   the GEMMs' pipeline depth (1-4 stages), and cuDNN               sweep-*.md/json  (not yet timed)
-#   table   benchmarks/gpu.py on issue 3's shapes, fp16, TF32, fp32           results.*        (159 s for two dtypes, run 7)
+#   sweep   the GEMMs' pipeline depth (1-4 stages), and cuDNN               sweep-*.md/json  ~3.5 min (run 14)
+#   table   benchmarks/gpu.py on issue 3's shapes, fp16, TF32, fp32           results.*        ~3 min (run 15)
 # Run from /tmp: the bare halstm/ folder of the checkout would shadow the installed package.
 set -u
 out=${OUT:-$PWD/out}
