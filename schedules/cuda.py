@@ -325,7 +325,8 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
         else:
             tile = tensor_core_tile(knobs).for_rows(rows)
         if fetches_its_operand(sch, block, tile):
-            return gemm_tensorcore(sch, block, tile, program.dtype)
+            gemm_tensorcore(sch, block, tile, program.dtype)
+            return
     gemm_tiled(sch, block, step_tile(knobs, program.batch) if step else hoisted_tile(knobs), views)
 
 
