@@ -96,10 +96,10 @@ def test_nan_propagates_along_its_batch_row_only(lstm, rng):
 
 
 def test_compile_refuses_knobs_that_cannot_run():
-    """A knob setting past the target's limits is refused before anything is built, naming it (on
-    an H100 settings with a 64 x 128 step tile, K=64, failed to launch: CUDA_ERROR_INVALID_VALUE; a
-    persistent grid of more blocks than SMs cannot be co-resident); on a CPU every setting runs,
-    the slow ones included."""
+    """A knob setting past the target's limits is refused before anything is built, naming it (a
+    tensor-core tile past the block's shared memory: four stages of 128 x 128 need 74 KiB, a GPU with
+    64 KiB a block cannot launch it; a persistent grid of more blocks than SMs cannot be
+    co-resident); on a CPU every setting runs, the slow ones included."""
     from halstm.schedules.cuda_tensorcore import tensorize_works
     from halstm.targets import CudaTarget
 
@@ -107,8 +107,9 @@ def test_compile_refuses_knobs_that_cannot_run():
     with pytest.raises(ValueError, match=r"cannot run knobs \{'units': 1\}"):
         halstm.compile(halstm.LSTM(256, 256), 2, 1, target=h100, recipe="cuda-persistent", knobs={"units": 1})
     if tensorize_works():
+        small = CudaTarget("sm_90", sms=132, shared_memory=64 * 1024)
         with pytest.raises(ValueError, match="cannot run knobs"):
-            halstm.compile(halstm.LSTM(1024, 1024), 2, 256, "float16", target=h100, recipe="cuda-step-loop",
-                           knobs={"tc_warps_n": 4})
+            halstm.compile(halstm.LSTM(1024, 1024), 2, 256, "float16", target=small, recipe="cuda-step-loop",
+                           knobs={"tc_stages": 4, "tc_hoisted_frags": 4})
     f = halstm.compile(halstm.LSTM(8, 8), 2, 3, recipe="cpu-step-loop", knobs={"rows": 2})  # 2 does not divide 3
     assert f.knobs["rows"] == 2
