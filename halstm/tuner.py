@@ -5,9 +5,9 @@ in a worker process, so that one that crashes, hangs or corrupts memory costs a 
 tuning run. With ``builders`` > 1 the candidates are first compiled and exported by that many
 worker processes at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on
 the H100 host, 14 at once, docs/gpu-results.md "ninth run"), then loaded, checked and timed one at
-a time, nothing else running. Every result,
-failures included, is appended to the database at once: an interrupted run resumes where it
-stopped, and ``halstm.compile`` picks up the best record by itself.
+a time, nothing else running. Every result, failures included, is appended to the database at
+once: an interrupted run resumes where it stopped, and ``halstm.compile`` picks up the best record
+by itself.
 
 Split with TVM's meta_schedule: meta_schedule searches the schedule of one operator; the choice here
 is across whole-sequence strategies (step loop or persistent kernel) whose knobs also change the
@@ -170,9 +170,9 @@ def _serve() -> None:
 def candidates(program, target, recipes, limit: int | None, seed: int = 0) -> list[tuple[object, dict]]:
     """Every valid (recipe, knobs) of the applicable recipes; defaults first, then a fixed shuffle
     that interleaves the recipes and, within a recipe, its switches (its on/off knobs, such as
-    tensor_cores, the first one alternating fastest), so that a short budget tries each. Without that, the step loop's
-    36 tensor-core settings were 1 of 18 step-loop candidates tried among its thousands of FFMA ones
-    (H100, LSTM fp16 B=64 H=1024, 36 trials)."""
+    tensor_cores, the first one alternating fastest), so that a short budget tries each. Without
+    that, the step loop's 36 tensor-core settings were 1 of 18 step-loop candidates tried among its
+    thousands of FFMA ones (H100, LSTM fp16 B=64 H=1024, 36 trials)."""
     out = []
     for recipe in (r for r in recipes if r.is_applicable(program, target)):
         default = recipe.defaults(program, target)

@@ -200,7 +200,6 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
     # which would instead reuse A's fp16 tile for C and fail on the fp32 pointer into it
     c_shared = sch.cache_write(outer, 0, TILE_SCOPE)
     acc = sch.cache_write(outer, 0, "wmma.accumulator")
-    sch.storage_align(acc, 0, axis=-2, factor=16, offset=4)  # acc's store writes the C tile
     sch.reverse_compute_at(acc, warp)
     sch.reverse_compute_at(c_shared, warp)
     init = sch.decompose_reduction(outer, k_outer)

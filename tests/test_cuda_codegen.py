@@ -285,7 +285,7 @@ def test_step_tensor_core_knobs_pruned_where_they_do_not_fit():
 def test_tensor_core_tiles_fit_as_the_runtime_launches_them():
     """All of a tensor-core GEMM's shared memory is dynamic, which TVM's CUDA runtime opts a kernel in
     to past 48 KiB, up to the block's maximum: the 64 x 128 step tile with K=64 that failed to launch
-    on an H100 as 26 KiB of static operand tiles beside a 33 KiB dynamic C tile fits now, as do
+    on an H100 as 26 KiB of static operand tiles beside a 32 KiB dynamic C tile fits now, as do
     four stages of 128 x 128 with K=32. A GPU with 64 KiB a block takes that tile in two stages
     (its C tile, 64 KiB, over 37 KiB of operand tiles), not in four (74 KiB of operand tiles)."""
     assert TensorCoreTile(2, 4, 2, 2, 64).fits(2, H100)
