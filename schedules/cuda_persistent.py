@@ -8,7 +8,8 @@ dtype. Then per step and stage:
     stage the operand     the B x K rows the step GEMM reads (h, written by every block before the
                           grid sync) into shared memory, all threads, VECTOR elements at a time
                           (read from global memory in the GEMM where it does not fit beside the
-                          weights); the step's input projection of the block's units with it
+                          weights; one buffer a dtype serves the step's GEMMs one after the other);
+                          the step's input projection of the block's units with it
     __syncthreads
     register-tiled GEMM   thread (tile, part): a tm x tn tile of (row, column) outputs, fp32
                           accumulators in registers, over the K chunks part, part + S, ... of VECTOR
@@ -275,9 +276,9 @@ class _Gemm:
 
     @property
     def stride(self) -> int:
-        """Row stride of the staged operand and the weight columns: K padded to whole chunks of every
-        part (zeros past K), plus 16 bytes so that rows start in different banks (a multiple of 8
-        elements, 16 bytes, as WMMA's loads need)."""
+        """Row stride of the weight columns and of the staged operand (the widest of the GEMMs that
+        share it): K padded to whole chunks of every part (zeros past K), plus 16 bytes so that rows
+        start in different banks (a multiple of 8 elements, 16 bytes, as WMMA's loads need)."""
         pad = 8 if self.tensor_cores else VECTOR
         return self.chunks * self.split * self.width + pad
 
@@ -305,12 +306,37 @@ class _Gemm:
         return f"g_s{self.index}" if self.split > 1 else f"part{self.index}"
 
 
+@dataclass(frozen=True)
+class _Operand:
+    """A staged-operand buffer, a_s[row * stride + k]: rows x stride elements of dtype."""
+
+    name: str
+    dtype: str
+    rows: int
+    stride: int
+
+
+def _staged_operands(gemms: list[_Gemm]) -> dict[int, _Operand]:
+    """Each GEMM's staged-operand buffer, by GEMM index: one a dtype, shared by the GEMMs that stage
+    it (ResetBeforeGRU's h and r * h on tensor cores), so that shared memory holds the largest operand,
+    not their sum. The GEMMs run one after the other (a sync ends each one's reads before the next
+    stages), and with the rows and stride of the largest, k past K and rows past B stay zero for all."""
+    out = {}
+    for dtype in dict.fromkeys(g.operand_dtype for g in gemms):
+        users = [g for g in gemms if g.operand_dtype == dtype]
+        operand = _Operand(f"a_s{users[0].index}", dtype, max(g.row_tiles * g.tm for g in users),
+                           max(g.stride for g in users))
+        out |= {g.index: operand for g in users}
+    return out
+
+
 class _Kernel:
     """The planned persistent kernel: its knobs, the step's blocks in order, as text."""
 
     def __init__(self, program, target, knobs, blocks, hoisted, staged):
         self.p, self.target, self.blocks, self.staged = program, target, blocks, staged
         self.hoisted = hoisted  # (index, name, columns a block) of the hoisted GEMMs prefetched a step
+        self.operands = _staged_operands([b for b in blocks if isinstance(b, _Gemm)])
         self.threads, self.units = knobs["threads"], knobs["units"]
         self.H = program.cell.hidden_size
         self.grid = self.H // self.units
@@ -390,13 +416,13 @@ class _Kernel:
         (16 bytes on tensor cores, whose rows are whole 16 bytes)."""
         v = 16 // BYTES[g.operand_dtype] if g.tensor_cores else VECTOR
         v = v if g.K % v == 0 and self.H % v == 0 else 1
-        per_row, count = g.K // v, g.B * g.K // v
+        per_row, count, a = g.K // v, g.B * g.K // v, self.operands[g.index]
 
         def body(q):
             lines = [f"for p_v in T.vectorized({v}):"] if v > 1 else []
             k = f"({q}) % {per_row} * {v}" + (" + p_v" if v > 1 else "")
             value = substitute(g.operand, {"p_row": f"{q} // {per_row}", "p_k": k})
-            store = f"a_s{g.index}[({q}) // {per_row} * {g.stride} + {k}] = {value}"
+            store = f"{a.name}[({q}) // {per_row} * {a.stride} + {k}] = {value}"
             return lines + [("    " if v > 1 else "") + store]
 
         return self.flat(count, body, STAGING_UNROLL) + ['T.tvm_storage_sync("shared")']
@@ -425,21 +451,21 @@ class _Kernel:
         """Warp (tile, part) multiplies 16 x 16 fragments of the staged operand (row-major) and the
         weight columns (column-major: k contiguous), accumulating in fp32, and stores its tile to
         part[part][row * ldc + column]; warps without a tile store zeros to the spare fragment."""
-        S, i, st, dtype = g.split, g.index, g.stride, self.p.dtype
+        S, i, a, dtype = g.split, g.index, self.operands[g.index], self.p.dtype
         warp = "p_tx // 32"
         work = warp if g.rounds == 1 else f"(p_t * {g.workers} + {warp})"
         part, tile = f"{work} % {S}", f"{work} // {S}"
         row, col = f"{tile} // {g.ldc // FRAG} * {FRAG}", f"{tile} % {g.ldc // FRAG} * {FRAG}"
         k = f"(p_c * {S} + {part}) * {FRAG}"
 
-        def load(frag, buffer, first, layout):
-            pointer = f'{buffer}.access_ptr("r", ptr_type="{dtype}", offset=({first}) * {st} + {k})'
-            return (f"    T.evaluate(T.tvm_load_matrix_sync({frag}.data, 16, 16, 16, 0, {pointer}, {st}, "
+        def load(frag, buffer, first, stride, layout):
+            pointer = f'{buffer}.access_ptr("r", ptr_type="{dtype}", offset=({first}) * {stride} + {k})'
+            return (f"    T.evaluate(T.tvm_load_matrix_sync({frag}.data, 16, 16, 16, 0, {pointer}, {stride}, "
                     f'"{layout}", dtype="void"))')
 
         compute = [f"for p_c in range({g.chunks}):",
-                   load("a_f", f"a_s{i}", row, "row_major"),
-                   load("b_f", f"w_s{i}", col, "col_major"),
+                   load("a_f", a.name, row, a.stride, "row_major"),
+                   load("b_f", f"w_s{i}", col, g.stride, "col_major"),
                    "    T.evaluate(T.tvm_mma_sync(acc_f.data, 0, a_f.data, 0, b_f.data, 0, acc_f.data, 0, "
                    'dtype="void"))']
         target = f"{part} * {g.partial_stride} + ({row}) * {g.ldc} + {col}"
@@ -457,7 +483,7 @@ class _Kernel:
                      for name, dt, scope in (("a_f", dtype, "matrix_a"), ("b_f", dtype, "matrix_b"),
                                              ("acc_f", "float32", "accumulator"))]
         return [f'with T.sblock("tensor_core_gemm{i}"):',
-                f"    T.reads(a_s{i}[0:{size[f'a_s{i}']}], w_s{i}[0:{size[f'w_s{i}']}])",
+                f"    T.reads({a.name}[0:{size[a.name]}], w_s{i}[0:{size[f'w_s{i}']}])",
                 f"    T.writes(part{i}[0:{size[f'part{i}']}])",
                 *indent(fragments + lines, 4).splitlines()]
 
@@ -470,7 +496,8 @@ class _Kernel:
         row, col = f"{tile} // {g.C // tn} * {tm} + p_i", f"{tile} % {g.C // tn} * {tn} + p_j"
         k = f"(p_c * {S} + {part}) * {V} + p_v"
         if self.staged:
-            a = f"a_s{i}[({row}) * {g.stride} + {k}]"
+            operand = self.operands[i]
+            a = f"{operand.name}[({row}) * {operand.stride} + {k}]"
         else:  # read from global memory, clamped: past the batch or K the weights or results are unused
             a = substitute(g.operand, {"p_row": f"T.min({row}, {g.B - 1})", "p_k": f"T.min({k}, {g.K - 1})"})
         vec = "T.vectorized" if self.staged else "T.unroll"
@@ -519,8 +546,9 @@ class _Kernel:
                     (f"part{i}", g.partial_size, "float32", "shared.dyn")]
             if g.split > 1:
                 out.append((f"g_s{i}", g.B * g.ldc, "float32", "shared.dyn"))
-            if self.staged:
-                out.append((f"a_s{i}", g.row_tiles * g.tm * g.stride, g.operand_dtype, "shared.dyn"))
+        if self.staged:
+            out += [(a.name, a.rows * a.stride, a.dtype, "shared.dyn")
+                    for a in dict.fromkeys(self.operands.values())]
         out += [(f"x_s{i}", self.p.batch * C, "float32", "shared.dyn") for i, _, C in self.hoisted]
         out = [(name, _round_up(size, SHARED_GRANULE // BYTES[dtype]), dtype, scope)
                for name, size, dtype, scope in out]

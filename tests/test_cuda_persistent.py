@@ -2,6 +2,7 @@
 step text executed thread by thread in Python (index math, races); on a GPU (``-m gpu``) results
 against the float64 reference."""
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -64,17 +65,37 @@ def test_shared_buffers_are_never_placed_over_each_other(cell, batch, hidden):
     ResetBeforeGRU's second partial buffer over the first); the weights and the operand's zero padding
     must survive every step. All buffers are written before the time loop, so the merged allocation is
     at least their sum: what ``shared_bytes`` counts against the limit."""
+    program = _program(cell, batch=batch, hidden=hidden)
+    kernel = _Kernel.plan(program, H100, CudaPersistent().defaults(program, H100))
+    assert kernel.shared_bytes() <= _allocated_shared_bytes(program) <= H100.shared_memory
+
+
+def _allocated_shared_bytes(program) -> int:
+    """The persistent kernel's (the one that grid-syncs: not the prologue's GEMM) dynamic shared
+    memory, defaults on an H100, as TVM's lowering merges it."""
     from tvm.tirx.build import split_host_device_mods
 
-    program = _program(cell, batch=batch, hidden=hidden)
-    recipe = CudaPersistent()
     target = H100.tvm_target
-    mod = tvm.tirx.transform.BindTarget(target)(recipe.apply(program, H100).mod)
+    mod = tvm.tirx.transform.BindTarget(target)(CudaPersistent().apply(program, H100).mod)
     _, devices = split_host_device_mods(tvm.tirx.get_default_tir_pipeline(target)[0](mod))
-    text = "\n".join(m.script() for m in devices.values())
+    (text,) = [t for t in (f.script() for m in devices.values() for f in m.functions.values()) if "grid_sync" in t]
     (size,) = re.findall(r'buf_dyn_shmem = T.alloc_buffer\(\((\d+),\), "uint8", scope="shared.dyn"\)', text)
-    kernel = _Kernel.plan(program, H100, recipe.defaults(program, H100))
-    assert kernel.shared_bytes() <= int(size) <= H100.shared_memory
+    return int(size)
+
+
+def test_reset_before_gru_stages_one_operand_for_both_gemms():
+    """ResetBeforeGRU at B=64, H=1024 fp16: its two step GEMMs (h, then r * h after a grid sync) stage
+    their 129 KiB operands one after the other in one buffer; with two they took 352.5 KiB, beyond
+    the 227 KiB, and the GEMMs fell back to FFMA with the operand in global memory. Now on tensor
+    cores, in the 223.5 KiB that TVM allocates."""
+    program = _program(halstm.ResetBeforeGRU, batch=64, hidden=1024, dtype="float16", inputs=32)
+    knobs = CudaPersistent().defaults(program, H100)
+    kernel = _Kernel.plan(program, H100, knobs)
+    assert knobs["tensor_cores"] and kernel.staged
+    assert [name for name, *_ in kernel.buffers() if name.startswith("a_s")] == ["a_s1"]
+    assert kernel.shared_bytes() == _allocated_shared_bytes(program) == 228864 <= H100.shared_memory
+    _, source = _generate(halstm.ResetBeforeGRU(32, 1024), 2, 64, "float16")
+    assert source.count("wmma::mma_sync(") == 2
 
 
 def test_fp16_weights_and_operand_stay_fp16_in_shared_memory():
@@ -294,12 +315,12 @@ def _phases(lines):
     return out
 
 
-def _emulate(cell, steps, batch, knobs, staged=True, seed=0):
+def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", target=H100):
     """Run the persistent kernel's setup and step text for every block and thread, phase by phase;
     returns the output sequence (T, B, H) and the final states, as the compiled function does."""
     rng = np.random.default_rng(seed)
-    program = halstm.lower(cell, steps=steps, batch=batch)
-    kernel = _Kernel.plan(program, H100, knobs)
+    program = halstm.lower(cell, steps=steps, batch=batch, dtype=dtype)
+    kernel = _Kernel.plan(program, target, knobs)
     kernel.staged = staged and kernel.staged
     x, params, states = (upcast(d) if isinstance(d, dict) else np.float64(d)
                          for d in random_inputs(cell, steps, batch, rng))
@@ -363,9 +384,10 @@ TENSOR_CORES = [  # (B, I, H, units, threads): the batch padded to 16 rows, colu
 ]
 
 
-def _check_emulation(cell, B, I, H, knobs, staged=True):
+def _check_emulation(cell, B, I, H, knobs, staged=True, **lowering):
+    """float64 throughout (the emulator's casts keep the value): the reference up to float64 rounding."""
     c = cell(I, H)
-    y, final, (x, params, states) = _emulate(c, 3, B, {"tensor_cores": False, **knobs}, staged)
+    y, final, (x, params, states) = _emulate(c, 3, B, {"tensor_cores": False, **knobs}, staged, **lowering)
     want_y, want_states = halstm.reference(c, x, params, states)
     assert rel_err(y, want_y) < 1e-12
     for s in c.states:
@@ -387,6 +409,21 @@ def test_emulated_tensor_core_text_matches_reference_without_races(cell, shape):
     B, I, H, units, threads = shape
     knobs = {"threads": threads, "units": units, "tile_rows": 1, "tile_cols": 1, "max_split": 32, "tensor_cores": True}
     _check_emulation(cell, B, I, H, knobs)
+
+
+def test_emulated_gemms_sharing_one_staged_operand_match_reference():
+    """ResetBeforeGRU fp16 on tensor cores (B=3, H=36, 2 warps) in 13 KiB of shared memory: room for
+    one staged operand (16 rows of 72, 2.25 KiB) beside the weights and partial tiles (10.4 KiB),
+    not for two (14.4 KiB): h and r * h take turns in one buffer. Their GEMMs split K differently
+    (2 tiles in 1 part, 1 tile in 2: rows of 56 and 72 elements); both use the wider rows."""
+    B, I, H = 3, 5, 36
+    knobs = {"threads": 64, "units": 12, "tile_rows": 1, "tile_cols": 1, "max_split": 32, "tensor_cores": True}
+    program = _program(halstm.ResetBeforeGRU, batch=B, hidden=H, dtype="float16", inputs=I, steps=3)
+    small = dataclasses.replace(H100, shared_memory=13 * 1024)
+    kernel = _Kernel.plan(program, small, CudaPersistent().resolve(program, small, knobs))
+    assert kernel is not None and kernel.staged, "two operands do not fit in 13 KiB"
+    assert sorted({g.stride for g in kernel.blocks if isinstance(g, _Gemm)}) == [56, 72]
+    _check_emulation(halstm.ResetBeforeGRU, B, I, H, knobs, dtype="float16", target=small)
 
 
 def test_emulator_finds_a_race():
