@@ -72,16 +72,27 @@ def _storage(t: te.Tensor, dtype: str, name: str) -> te.Tensor:
     return te.compute(t.shape, lambda *i: t(*i).astype(dtype), name=name)
 
 
-def _columns(t: te.Tensor, start: int, width: int, name: str) -> te.Tensor:
-    return te.compute((t.shape[0], width), lambda b, n: t[b, n + start], name=name)
+def _columns(t: te.Tensor, start: int, width: int, name: str, layout: PackedLayout | None = None) -> te.Tensor:
+    """Columns start .. start + width of t (of the cell's math; stored as ``layout`` says)."""
+    rows = int(t.shape[1])
+    return te.compute((t.shape[0], width), lambda b, n: t[b, layout.column(n + start, rows) if layout else n + start],
+                      name=name)
 
 
 @dataclass(frozen=True)
 class PackedLayout:
     """How a GEMM's stacked weights are stored, a choice the recipe makes: (K, N) rows, or with
-    ``tile`` strips (ceil(N / tile), K, tile), zero-padded, each strip contiguous."""
+    ``tile`` strips (ceil(N / tile), K, tile), zero-padded, each strip contiguous.
+
+    With ``units``, the columns of a GEMM whose N is a whole number G of gates of the state width
+    ``width`` (LSTM: N = 4H) are stored grouped by units: ``units`` units of gate 0, the same units
+    of gate 1, ..., of gate G-1, then the next units. A column tile of G * units then holds every
+    gate of its units, so the elementwise math can follow the GEMM in the same kernel. The GEMM's
+    result is stored that way too; ``column`` maps a column of the cell's math to where it is."""
 
     tile: int | None = None
+    units: int | None = None
+    width: int = 0
 
     def shape(self, depth: int, rows: int) -> tuple[int, ...]:
         if self.tile is None:
@@ -90,6 +101,24 @@ class PackedLayout:
 
     def load(self, packed: te.Tensor, k, n):
         return packed[k, n] if self.tile is None else packed[n // self.tile, k, n % self.tile]
+
+    def grouped(self, rows: int) -> bool:
+        """Whether a GEMM of ``rows`` columns is stored grouped by units."""
+        return bool(self.units) and rows % self.width == 0 and self.width % self.units == 0
+
+    def column(self, n, rows: int):
+        """Where column ``n`` (of the cell's math) of a GEMM result of ``rows`` columns is stored."""
+        if not self.grouped(rows):
+            return n
+        gates, gate, unit = rows // self.width, n // self.width, n % self.width
+        return unit // self.units * (gates * self.units) + gate * self.units + unit % self.units
+
+    def logical(self, p, rows: int):
+        """The column of the cell's math stored at column ``p``: ``column``'s inverse."""
+        if not self.grouped(rows):
+            return p
+        group, within = p // (rows // self.width * self.units), p % (rows // self.width * self.units)
+        return within // self.units * self.width + group * self.units + within % self.units
 
 
 def stacked(gemm: Gemm, params: Params, n, k):
@@ -104,8 +133,8 @@ def stacked(gemm: Gemm, params: Params, n, k):
 def _packed(gemm: Gemm, params: Params, layout: PackedLayout, name: str) -> te.Tensor:
     """The weights of a GEMM's matmuls stacked in call order, transposed, in ``layout``."""
 
-    def value(k, n):
-        return stacked(gemm, params, n, k)
+    def value(k, p):
+        return stacked(gemm, params, layout.logical(p, gemm.rows), k)
 
     def at(*i):
         return value(*i) if layout.tile is None else value(i[1], i[0] * layout.tile + i[2])
@@ -127,8 +156,8 @@ def _gemm(operand: te.Tensor, packed: te.Tensor, layout: PackedLayout, rows: int
 class _Tracer:
     """Answers each matmul call with a column slice of the GEMM the plan put it in."""
 
-    def __init__(self, plan: Plan, gemm_result):
-        self.plan, self.gemm_result, self.calls = plan, gemm_result, 0
+    def __init__(self, plan: Plan, gemm_result, layout: PackedLayout):
+        self.plan, self.gemm_result, self.layout, self.calls = plan, gemm_result, layout, 0
 
     def matmul(self, a, weight):
         index, self.calls = self.calls, self.calls + 1
@@ -142,7 +171,7 @@ class _Tracer:
         result = self.gemm_result(gemm, a, weight)
         if result is None:  # not computed in this trace
             return plain_matmul(a, weight)
-        return _columns(result, gemm.offset(m), m.rows, name=f"{gemm.name}_{m.weight}")
+        return _columns(result, gemm.offset(m), m.rows, f"{gemm.name}_{m.weight}", self.layout)
 
 
 def _body(func: tvm.tirx.PrimFunc) -> str:
@@ -170,9 +199,9 @@ def _cell_params(plan: Plan, params: Params) -> Params:
     return Params({n: p if n in weights else _math_view(p) for n, p in params.items()})
 
 
-def _trace_with(plan: Plan, x, state_views, params, gemm_result):
+def _trace_with(plan: Plan, x, state_views, params, gemm_result, layout: PackedLayout):
     """The cell traced on float32 views of x and the parameters, and the states' views given."""
-    return trace(plan.cell, _math_view(x), state_views, _cell_params(plan, params), _Tracer(plan, gemm_result))
+    return trace(plan.cell, _math_view(x), state_views, _cell_params(plan, params), _Tracer(plan, gemm_result, layout))
 
 
 @dataclass
@@ -197,7 +226,7 @@ def trace_hoisted(plan: Plan, x, states, params, layout: PackedLayout) -> Hoiste
             operands[gemm.name] = a
         return gemms[gemm.name]
 
-    _trace_with(plan, x, [_math_view(s) for s in states], params, gemm_result)
+    _trace_with(plan, x, [_math_view(s) for s in states], params, gemm_result, layout)
     return Hoisted(gemms, operands, packed)
 
 
@@ -269,7 +298,7 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodif
             operands[gemm.name] = a
         return gemms[gemm.name]
 
-    traced = _trace_with(plan, x, views, params, gemm_result)
+    traced = _trace_with(plan, x, views, params, gemm_result, layout)
     return StepTrace(x_proj, states, params, packed, gemms, operands, traced)
 
 

@@ -1,5 +1,7 @@
 """CUDA step-loop recipe: the hoisted GEMM once, then per step one GEMM kernel and one fused
-elementwise kernel per stage, launched from the compiled host loop over t (no Python per step).
+elementwise kernel per stage, launched from the compiled host loop over t (no Python per step). On
+tensor cores the elementwise math runs in its GEMM's kernel where a column tile holds every gate of
+its units (tc_epilogue, ``fuse_epilogue``): one kernel a stage.
 
 fp16/bf16 GEMMs run on tensor cores (WMMA, fp32 accumulation; cuda_tensorcore.py, knob
 "tensor_cores"): the hoisted one always, the step's from B >= 16 rows, a computed operand
@@ -40,8 +42,11 @@ from dataclasses import dataclass, replace
 from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
 
-from .cuda_tensorcore import BYTES, TensorCoreTile, fetches_its_operand, gemm_tensorcore, tensor_cores_available
-from .recipe import Recipe, child_blocks, inline_elementwise, is_pure_copy, merge_next_states
+from halstm.lowering import PackedLayout
+
+from .cuda_tensorcore import (BYTES, WARP, TensorCoreTile, fetches_its_operand, gemm_tensorcore,
+                              tensor_cores_available)
+from .recipe import Recipe, child_blocks, inline_elementwise, is_pure_copy, is_reduction, merge_next_states
 
 VECTOR = 4  # elements a thread fetches at once into shared memory
 # the step GEMM uses tensor cores from one full 16-row fragment up: below, most of each mma_sync
@@ -83,11 +88,17 @@ class CudaStepLoop(Recipe):
         "tc_step_k": (32, 64, 128, 16),
         "tc_prefetch": (False, True),
         "tc_fill": (False, True),
+        # the step's elementwise math in its tensor-core GEMM's kernel (fuse_epilogue), the gates
+        # grouped by units (PackedLayout.units). H100 fp16 T=100 (docs/gpu-results.md "eleventh
+        # run"), ms on / off: LSTM B=256 H=1024 3.03 / 3.11, B=64 H=2048 3.34 / 3.53,
+        # ResetBeforeGRU B=256 3.14 / 3.29, B=64 2.54 / 2.58 (an earlier run without the unrolled
+        # epilogue had it 2.64 / 2.55); GRU does not fuse (3 gates, no whole units in a tile)
+        "tc_epilogue": (True, False),
     }
     _FFMA_STEP = ("block_rows", "block_cols", "thread_rows", "thread_cols", "k_chunk")
     _FFMA_HOISTED = ("hoisted_block", "hoisted_thread")
     _TENSOR_CORE = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_hoisted_frags", "tc_k", "tc_stages")
-    _TENSOR_CORE_STEP = ("tc_step_k", "tc_prefetch", "tc_fill")
+    _TENSOR_CORE_STEP = ("tc_step_k", "tc_prefetch", "tc_fill", "tc_epilogue")
 
     def is_applicable(self, program, target) -> bool:
         return target.kind == "cuda"
@@ -188,6 +199,12 @@ class CudaStepLoop(Recipe):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP
         return self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else self._TENSOR_CORE_STEP)
 
+    def layout(self, program, target, knobs) -> PackedLayout:
+        """Columns grouped by units (``PackedLayout.units``) where a step GEMM's epilogue fuses:
+        the units of one column tile."""
+        units = _epilogue_units(knobs, program, target)
+        return PackedLayout(units=units, width=program.cell.hidden_size) if units else PackedLayout()
+
     def apply(self, program, target, **knobs) -> Schedule:
         k = self.resolve(program, target, knobs)
         sch = Schedule(program.mod)
@@ -199,9 +216,13 @@ class CudaStepLoop(Recipe):
             # a state's copy goes into the GEMM's shared tile (gemm_tiled inlines it there)
             elementwise = [b for b in elementwise
                            if not (sch.get(b).name_hint in operands and is_pure_copy(sch, b))]
+            elementwise = merge_next_states(sch, sch.get_sblock(scope), elementwise)
             for gemm in gemms:
-                schedule_gemm(sch, gemm, k, program, target, scope == "step", views)
-            for block in merge_next_states(sch, sch.get_sblock(scope), elementwise):
+                fused = fuse_epilogue(sch, gemm, k, program, target) if scope == "step" else set()
+                if not fused:
+                    schedule_gemm(sch, gemm, k, program, target, scope == "step", views)
+                elementwise = [b for b in elementwise if sch.get(b).name_hint not in fused]
+            for block in elementwise:
                 if not schedule_transpose(sch, block):
                     bind_flat(sch, block, k["threads"])
         return sch
@@ -307,6 +328,64 @@ def _step_tiles_fit(knobs: dict, program, target, size: int) -> bool:
     """Whether the tensor-core tile of each step GEMM fits (one per stage, its own columns)."""
     return all(step_tensor_core_tile(knobs, program.batch, g.rows, target).fits(size, target)
                for stage in program.plan.stages for g in stage)
+
+
+def _epilogue_units(knobs: dict, program, target) -> int | None:
+    """The units a column tile of the first step GEMM holds when its epilogue fuses (tc_epilogue):
+    on tensor cores, M, N, K whole tiles, N a whole number G of gates of width H, and the tile's
+    columns G x units with units dividing H; None otherwise."""
+    gemm = next((g for stage in program.plan.stages for g in stage), None)
+    if gemm is None or not (knobs["tc_epilogue"] and use_tensor_cores(knobs, program, target, program.batch)):
+        return None
+    return _tile_units(step_tensor_core_tile(knobs, program.batch, gemm.rows, target), gemm, program)
+
+
+def _tile_units(tile: TensorCoreTile, gemm, program) -> int | None:
+    width = program.cell.hidden_size
+    gates = gemm.rows // width
+    whole = program.batch % tile.bm == 0 and gemm.rows % tile.bn == 0 and gemm.depth % tile.bk == 0
+    if not whole or gemm.rows % width or tile.bn % gates:
+        return None
+    units = tile.bn // gates
+    return units if width % units == 0 else None
+
+
+def fuse_epilogue(sch: Schedule, gemm, knobs: dict, program, target):
+    """The step GEMM ``gemm`` on tensor cores with the elementwise math that reads it in its kernel:
+    the loop nest of that math (its next states, merged) tiled bm rows x units a block, the GEMM's
+    tile (bm x G * units columns, the gates of those units: ``PackedLayout.units``) computed under
+    it, the math reading the C tile from shared memory. One kernel a step instead of two, and the
+    gates never go to global memory. Returns the names of the nest's blocks, none where it does not apply: the
+    layout does not group this GEMM's tile, or the GEMM's readers are not one 2-D elementwise nest
+    that reads no later GEMM (ResetBeforeGRU's z gate, read after its second stage's GEMM)."""
+    layout, name = program.layout, sch.get(gemm).name_hint
+    info = next(g for g in program.plan.gemms if g.name == name)
+    tile = step_tensor_core_tile(knobs, program.batch, info.rows, target)
+    units = _tile_units(tile, info, program) if layout.units else None
+    readers = sch.get_consumers(gemm)
+    if units is None or units % layout.units or not readers:
+        return set()
+    nest = sch.get_loops(readers[0])
+    if len(nest) != 2 or any(not sch.get(sch.get_loops(r)[0]).same_as(sch.get(nest[0])) for r in readers):
+        return set()
+    later = {g.name for g in program.plan.gemms if g.stage >= info.stage} - {name}
+    blocks = sch.get_child_blocks(nest[0])
+    if any(is_reduction(sch, b) or any(r.source.name in later for r in sch.get(b).reads) for b in blocks):
+        return set()
+    fused = {sch.get(b).name_hint for b in blocks}
+    rows, cols = sch.get_loops(readers[0])
+    row_block, row = sch.split(rows, [None, tile.bm])
+    col_block, col = sch.split(cols, [None, units])
+    sch.reorder(row_block, col_block, row, col)
+    block_loop = sch.fuse(row_block, col_block)
+    sch.bind(block_loop, "blockIdx.x")
+    rounds, ty, tx = sch.split(sch.fuse(row, col), [None, tile.warps_m * tile.warps_n, WARP])
+    sch.unroll(rounds)  # a thread's elements: their loads in flight together
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    sch.compute_at(gemm, block_loop)
+    gemm_tensorcore(sch, gemm, tile, program.dtype, epilogue=True)
+    return fused
 
 
 def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None) -> bool:

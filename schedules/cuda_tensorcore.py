@@ -143,22 +143,27 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> None:
+def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str, epilogue: bool = False) -> None:
     """The tensor-core GEMM above on ``block`` (loops b, n, k; A read first, W second). The step's
     ``<gemm>_operand`` (fp32: lowering widens it) is stored in ``dtype`` instead: a copy of a state
     exactly (the state is ``dtype`` already), a computed one (r * h) rounded, as a torch cell in
     ``dtype`` rounds it. Ragged M, N, K are padded
     with zeros; an operand that needs padding is fetched one predicated element at a time (a
-    vector load could run past the end of its buffer), the others 16 bytes at a time."""
+    vector load could run past the end of its buffer), the others 16 bytes at a time.
+
+    With ``epilogue`` the GEMM is one tile (bm x bn, K whole tiles) placed under the caller's
+    block loop (``compute_at``) before the elementwise math that reads its result: that math reads
+    the C tile, and the result never goes to global memory (cuda.py, ``fuse_epilogue``)."""
     a_buffer = sch.get(block).reads[0].source
     if a_buffer.dtype != dtype:
         producer = next(p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer))
         sch.unsafe_set_dtype(producer, 0, dtype)
-    rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
+    rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-3:])
     whole = {0: rows % tile.bm == 0 and depth % tile.bk == 0, 1: depth % tile.bk == 0 and cols % tile.bn == 0}
-    sch.pad_einsum(block, [tile.bm, tile.bn, tile.bk])
+    if not epilogue:
+        sch.pad_einsum(block, [tile.bm, tile.bn, tile.bk])
 
-    b, n, k = sch.get_loops(block)
+    b, n, k = sch.get_loops(block)[-3:]
     b, b_frag = sch.split(b, [None, FRAG])
     n, n_frag = sch.split(n, [None, FRAG])
     depth_frag = frag_k(dtype)
@@ -170,7 +175,8 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
     n_block, n_warp, n_inner = sch.split(n, [None, tile.warps_n, tile.fn])
     k_outer, k_inner = sch.split(k, [None, tile.bk // depth_frag])
     sch.reorder(b_block, n_block, b_warp, n_warp, k_outer, k_inner, b_inner, n_inner)
-    sch.bind(sch.fuse(b_block, n_block), "blockIdx.x")
+    if not epilogue:
+        sch.bind(sch.fuse(b_block, n_block), "blockIdx.x")
     warp = sch.fuse(b_warp, n_warp)
     sch.bind(warp, "threadIdx.y")
 
@@ -219,6 +225,9 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> N
     sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], names["init"])
     sch.tensorize(sch.get_loops(inner)[-3], names["compute"])
 
+    if epilogue:
+        sch.compute_inline(c_shared)  # no write-back: the elementwise math reads the C tile
+        return
     for consumer in sch.get_consumers(c_shared):  # the copy of the padded result back to M x N
         if sch.get(consumer).reads[0].source.name.endswith("_pad"):
             sch.reverse_compute_inline(consumer)

@@ -15,6 +15,7 @@ import tvm
 
 import halstm
 from halstm import schedules
+from halstm.lowering import PackedLayout
 from halstm.schedules import CudaPersistent, CudaStepLoop
 from halstm.schedules.cuda import hoisted_tile, step_tensor_core_tile, step_tile, tensor_core_tile
 from halstm.schedules.cuda_tensorcore import TensorCoreTile, tensorize_works
@@ -195,6 +196,31 @@ def test_step_gemm_ir_on_tensor_cores():
     assert 'gemm0_operand_shared_dyn = T.sblock_alloc_buffer((16, 64), "float16", scope="shared.dyn")' in step
     assert "gemm0_operand_shared_dyn[v0, v1] = h_t[v0, v1]" in step
     assert "T.tvm_load_matrix_sync(" in step and "T.tvm_mma_sync(" in step
+
+
+@tensor_cores
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("cell, fused, kernels", [(halstm.LSTM, True, 1), (halstm.PeepholeLSTM, True, 1),
+                                                  (halstm.GRU, False, 2), (halstm.ResetBeforeGRU, True, 3)],
+                         ids=lambda v: getattr(v, "__name__", str(v)))
+def test_step_epilogue_runs_in_the_tensor_core_gemms_kernel(cell, fused, kernels, tmp_path):
+    """tc_epilogue: the step's elementwise math in its GEMM's kernel, reading the C tile, the gates
+    never in global memory (no gemm0 buffer). LSTM's 4H columns are stored 4 gates x units a tile
+    (PackedLayout.units); GRU's 3 gates do not divide its 16-column fragments' tile and stay two
+    kernels; ResetBeforeGRU's second GEMM (one gate) fuses with h_next, the first (r and z, z read
+    after the second) does not. Off, every cell keeps one kernel more."""
+    def step_kernels(epilogue):
+        f = halstm.compile(cell(64, 64), 3, 16, "float16", target=H100, recipe="cuda-step-loop",
+                           knobs={"tc_epilogue": epilogue})
+        text = f.schedule.mod.script()
+        step = text[text.index('T.sblock("step")'):]
+        return f, step.count('thread="blockIdx.x"'), "gemm0 = T.sblock_alloc_buffer" in step
+
+    f, on, gates_in_global = step_kernels(True)
+    assert (on, gates_in_global) == (kernels, not (fused and cell is not halstm.ResetBeforeGRU))
+    assert (f.program.layout.units is not None) == fused
+    assert step_kernels(False)[1] == kernels + fused
+    assert_nvcc_compiles(f.module.mod.imports[0].inspect_source(), tmp_path)
 
 
 def test_tensor_core_knobs_pruned_where_they_do_not_apply():
@@ -436,8 +462,22 @@ def test_packed_weights_are_the_transpose(cell, dtype, hidden, recipe, rng):
     weight); ResetBeforeGRU stacks weight_hr and weight_hz in one GEMM (an if_then_else over the
     two)."""
     c = cell(hidden, hidden)
-    program = halstm.lower(c, steps=2, batch=4, dtype=dtype)
-    params = {n: rng.standard_normal(s) for n, s in c.parameters().items()}
+    _check_packing_kernels(halstm.lower(c, steps=2, batch=4, dtype=dtype), recipe, rng)
+
+
+@pytest.mark.parametrize("cell", (halstm.LSTM, halstm.ResetBeforeGRU), ids=lambda c: c.__name__)
+def test_packing_kernels_group_the_gates_of_each_units_tile(cell, rng):
+    """With PackedLayout.units (a fused step epilogue) the packing kernels store column n of the
+    stacked weights' transpose at ``layout.column(n)``: 4 units of each gate, then the next 4."""
+    layout = PackedLayout(units=4, width=64)
+    program = halstm.lower(cell(64, 64), steps=2, batch=16, dtype="float16", layout=layout)
+    _check_packing_kernels(program, "cuda-step-loop", rng)
+
+
+def _check_packing_kernels(program, recipe, rng):
+    """Each GEMM's packing kernel run in Python writes its weights' transpose, columns where
+    ``program.layout`` stores them."""
+    params = {n: rng.standard_normal(s) for n, s in program.cell.parameters().items()}
     sch = next(r for r in schedules.BUILTIN if r.name == recipe).apply(program, H100)
     kernels = _device_kernels(sch.mod)
     weights = {m.weight for m in program.plan.matmuls}
@@ -450,7 +490,9 @@ def test_packed_weights_are_the_transpose(cell, dtype, hidden, recipe, rng):
         assert "T.alloc_shared(" in func.script(), f"{name} does not stage a shared tile"
         out = np.full(g.depth * g.rows, np.nan)
         _run_kernel(func, {**{f"{w}_ptr": params[w].ravel() for w in members}, packed: out})
-        assert np.array_equal(out.reshape(g.depth, g.rows), np.concatenate([params[w] for w in members]).T), name
+        want = np.empty((g.depth, g.rows))
+        want[:, [program.layout.column(n, g.rows) for n in range(g.rows)]] = np.concatenate([params[w] for w in members]).T
+        assert np.array_equal(out.reshape(g.depth, g.rows), want), name
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")

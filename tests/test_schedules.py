@@ -72,3 +72,37 @@ def test_compile_parses_the_lowered_function_once(monkeypatch):
     monkeypatch.setattr(tvm.script, "from_source", lambda source: parsed.append(source) or parse(source))
     f = halstm.compile(halstm.LSTM(8, 16), 3, 2, target=TARGET, database=False)
     assert f.program.layout == PackedLayout(tile=16) and len(parsed) == 1
+
+
+def test_grouped_columns_are_a_permutation_and_keep_the_math():
+    """PackedLayout.units stores an LSTM's 4H gate columns as [i f g o] of 4 units, then the next 4
+    units (a fused step epilogue's layout, schedules/cuda.py): ``column`` and ``logical`` are
+    inverse permutations, a width that is no multiple of H keeps its order, and the unscheduled
+    program computes the same sequences grouped as plain."""
+    import numpy as np
+    import tvm
+
+    from halstm.compiler import signature
+    from halstm.runtime import SequenceFunction
+
+    from conftest import random_inputs
+
+    grouped = PackedLayout(units=4, width=16)
+    for rows in (64, 48):
+        stored = [grouped.column(n, rows) for n in range(rows)]
+        assert sorted(stored) == list(range(rows)) and stored != list(range(rows))
+        assert [grouped.logical(p, rows) for p in stored] == list(range(rows))
+    assert stored[:8] == [0, 1, 2, 3, 12, 13, 14, 15]  # GRU: units 0-3 of gate r, then of gate z
+    assert [grouped.column(n, 40) for n in range(40)] == list(range(40))
+    rng = np.random.default_rng()
+    for cell in (halstm.LSTM(8, 16), halstm.ResetBeforeGRU(8, 16)):
+        x, params, states = random_inputs(cell, 3, 2, rng)
+        runs = []
+        for layout in (PackedLayout(), grouped):
+            program = halstm.lower(cell, 3, 2, layout=layout)
+            module = tvm.compile(program.mod, tvm.target.Target({"kind": "llvm"}))
+            runs.append(SequenceFunction(module["main"], signature(program), tvm.cpu()).sequences(x, params, states))
+        gates = program.plan.stages[0][0].rows // 16
+        assert f"= gemm0[v_b, v_n % 16 // 4 * {4 * gates} + v_n // 16 * 4 + v_n % 4]" in program.mod.script()
+        for s in cell.states:
+            assert np.array_equal(runs[0][s], runs[1][s]) and np.abs(runs[0][s][1:]).max() > 0.1
