@@ -145,9 +145,15 @@ class CudaStepLoop(Recipe):
         depth = max((g.depth for stage in program.plan.stages for g in stage), default=0)
         if not depth:
             return {}
-        pipelined = {**knobs, "tc_fill": True, "tc_prefetch": False, "tc_step_k": PIPELINED_K_BYTES // size}
-        if knobs["tc_stages"] > 1 and _step_tiles_fit(pipelined, program, target, size):
-            return {n: pipelined[n] for n in self._TENSOR_CORE_STEP}  # round trips overlap: short K tiles
+        if knobs["tc_stages"] > 1:  # round trips overlap: short K tiles, at most PIPELINED_K_TILES of them
+            shortest = PIPELINED_K_BYTES // size
+            lengths = [bk for bk in sorted(self.knobs["tc_step_k"]) if bk >= shortest]
+            few = [bk for bk in lengths if -(-depth // bk) <= PIPELINED_K_TILES]
+            tries = few + [bk for bk in reversed(lengths) if bk not in few]  # else the longest that fits
+            for bk in tries:
+                pipelined = {**knobs, "tc_fill": True, "tc_prefetch": False, "tc_step_k": bk}
+                if _step_tiles_fit(pipelined, program, target, size):
+                    return {n: pipelined[n] for n in self._TENSOR_CORE_STEP}
         options = [{**knobs, "tc_fill": True, "tc_prefetch": False, "tc_step_k": bk} for bk in self.knobs["tc_step_k"]]
         options = [o for o in options if _step_tiles_fit(o, program, target, size)]
         if not options:
@@ -282,8 +288,14 @@ def step_tensor_core_tile(knobs: dict, rows: int, cols: int, target) -> TensorCo
     return tile.filling(rows, cols, target.sms) if knobs["tc_fill"] else tile
 
 
-# the K tile of a pipelined GEMM: 64 bytes a row (32 fp16, 16 fp32 elements)
+# the K tile of a pipelined GEMM: 64 bytes a row (32 fp16, 16 fp32 elements); the step GEMM's
+# longer where K would take more than PIPELINED_K_TILES of them (each a round trip). H100 T=100,
+# ms (docs/gpu-results.md "eleventh run", runs 22-23), K=2048 fp16, step K 64 / 32: LSTM B=64
+# 3.101 / 3.390, GRU 2.836 / 3.070, ResetBeforeGRU 4.207 / 4.632; TF32 step K 32 / 16: LSTM B=64
+# H=1024 3.331 / 3.428, B=256 7.393 / 7.433, H=2048 (64) 9.374 / 9.724; at 32 tiles of 32, doubling
+# did not help (fp16 LSTM B=256 H=1024 3.014 / 3.007, GRU 2.686 / 2.612)
 PIPELINED_K_BYTES = 64
+PIPELINED_K_TILES = 32
 # K tiles in flight by default: four for fp16 (measured) and bf16 (tiles of the same bytes; not
 # measured), two for TF32 (three measured no faster)
 PIPELINE_STAGES = {"float16": 4, "bfloat16": 4, "float32": 2}

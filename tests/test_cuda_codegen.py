@@ -270,25 +270,28 @@ def test_step_gemm_tensor_core_tile_fills_the_sms():
     assert tile.for_rows(16).filling(16, 2048, sms=132).blocks(16, 2048) == 128
 
 
-@pytest.mark.parametrize("batch, hidden, bk, bn", [(64, 1024, 128, 32), (256, 1024, 128, 64), (16, 512, 128, 16)])
-def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, bk, bn):
-    """fp16 on an H100: the step GEMM's defaults pipeline four K tiles of 32 (64 bytes a row) with
-    the narrowed column tile, not prefetched; in one stage they stage K in the fewest tiles that fit
-    (B=64, H=1024: 8 tiles of K=128 where the first knob values made 32 of K=32, in 64 blocks);
-    both pass valid(); fp32 leaves the knobs alone."""
+@pytest.mark.parametrize("batch, hidden, pipelined_k, bk, bn",
+                         [(64, 1024, 32, 128, 32), (256, 1024, 32, 128, 64), (16, 512, 32, 128, 16), (64, 2048, 64, 128, 64)])
+def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, pipelined_k, bk, bn):
+    """fp16 on an H100: the step GEMM's defaults pipeline four K tiles of 32 (64 bytes a row), at
+    most 32 of them (H=2048: 32 of 64), with the narrowed column tile, not prefetched; in one stage
+    they stage K in the fewest tiles that fit (B=64, H=1024: 8 tiles of K=128 where the first knob
+    values made 32 of K=32, in 64 blocks); both pass valid(); fp32 leaves the knobs alone."""
     recipe = CudaStepLoop()
     program = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch, dtype="float16")
     if not tensorize_works():
         pytest.skip("no tensor cores here")
     knobs = recipe.defaults(program, H100)
     one_stage = {**knobs, "tc_stages": 1, **recipe._step_tensor_core_defaults(program, H100, {**knobs, "tc_stages": 1})}
-    for k, want in ((knobs, (4, 32)), (one_stage, (1, bk))):
+    for k, want in ((knobs, (4, pipelined_k)), (one_stage, (1, bk))):
         tile = step_tensor_core_tile(k, batch, 4 * hidden, H100)
         assert (k["tc_stages"], k["tc_step_k"], k["tc_prefetch"], k["tc_fill"], tile.bn) == (*want, False, True, bn)
         assert recipe.valid(program, H100, k) and tile.fits(2, H100)
         assert 2 * tile.blocks(batch, 4 * hidden) > H100.sms
     fp32 = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch)
     assert all(recipe.defaults(fp32, H100)[n] == recipe.knobs[n][0] for n in ("tc_step_k", "tc_prefetch", "tc_fill"))
+    tf32 = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch, allow_tf32=True)
+    assert recipe.defaults(tf32, H100)["tc_step_k"] == max(16, hidden // 32)  # 16 fp32: 64 bytes; at most 32 tiles
 
 
 def test_step_tensor_core_knobs_pruned_where_they_do_not_fit():
