@@ -54,13 +54,15 @@ from .runtime import Arg
 @dataclass(frozen=True)
 class GradGemm:
     """A GEMM of the backward: ``name = left @ right``, giving ``gives``; ``rows`` is its result's
-    width, as for a forward ``Gemm``."""
+    width and ``depth`` its K, as for a forward ``Gemm``: an operand's adjoint sums over the forward
+    GEMM's N; a weight's adjoint over the sequence's T * B rows, which the plan does not know (0)."""
 
     name: str
     left: str
     right: str
     gives: str
     rows: int
+    depth: int
 
     def __str__(self):
         return f"{self.name} = {self.left} @ {self.right} -> {self.gives}"
@@ -115,11 +117,11 @@ def _weights_of(g: Gemm) -> str:
 
 
 def _operand_adjoint(g: Gemm) -> GradGemm:
-    return GradGemm(f"grad_a_{g.name}", f"d{g.name}", _weights_of(g), f"d {g.operand.op.name}", g.depth)
+    return GradGemm(f"grad_a_{g.name}", f"d{g.name}", _weights_of(g), f"d {g.operand.op.name}", g.depth, g.rows)
 
 
 def _weight_adjoint(g: Gemm) -> GradGemm:
-    return GradGemm(f"grad_w_{g.name}", f"d{g.name}^T", g.operand.op.name, f"d {_weights_of(g)}", g.depth)
+    return GradGemm(f"grad_w_{g.name}", f"d{g.name}^T", g.operand.op.name, f"d {_weights_of(g)}", g.depth, 0)
 
 
 @dataclass

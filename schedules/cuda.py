@@ -417,7 +417,7 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
             tile = step_tensor_core_tile(knobs, rows, int(sch.get(block).writes[0].source.shape[-1]), target)
         else:
             tile = tensor_core_tile(knobs).for_rows(rows)
-        if fetches_its_operand(sch, block, tile):
+        if fetches_its_operand(sch, block, tile, program.dtype):
             gemm_tensorcore(sch, block, tile, program.dtype)
             return
     gemm_tiled(sch, block, step_tile(knobs, program.batch) if step else hoisted_tile(knobs), views)

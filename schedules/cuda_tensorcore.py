@@ -182,7 +182,7 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str, epil
 
     fetches = []
     for index in (0, 1):
-        staged = sch.cache_read(outer, index, TILE_SCOPE)
+        staged = sch.cache_read(outer, index, TILE_SCOPE, consumer_blocks=[outer])
         fetches.append(staged)
         sch.compute_at(staged, k_outer)
         _inline_copies(sch, staged)
@@ -262,16 +262,22 @@ def _prefetch(sch: Schedule, k_outer, fetches) -> None:
     sch.annotate(k_outer, "software_pipeline_order", [0, 3, 1, 4, 2])
 
 
-def fetches_its_operand(sch: Schedule, block, tile: TensorCoreTile) -> bool:
+def fetches_its_operand(sch: Schedule, block, tile: TensorCoreTile, dtype: str) -> bool:
     """Whether ``tile`` can fetch the GEMM's A operand: an input, a plain copy (a state's operand
-    copy) or a computed one (ResetBeforeGRU's r * h) that needs no padding. pad_einsum pads a
-    computed operand with a block that reads it over the padded rows and K, past what its producer
-    writes; the scope then fails the region cover that compute_at of the shared fetch checks (B=17,
-    H=40 with 32 x 64 tiles)."""
-    a_buffer = sch.get(block).reads[0].source
+    copy) or a computed one (ResetBeforeGRU's r * h) that needs no padding, computed for this GEMM
+    alone, with weights in ``dtype``: gemm_tensorcore stores a computed operand in ``dtype``, an
+    input must be in it already (the backward's fp32 adjoints, read by other blocks too, and the
+    fp32 operands of its weight gradients stay on FFMA). pad_einsum pads a computed operand with a block that reads it over the
+    padded rows and K, past what its producer writes; the scope then fails the region cover that
+    compute_at of the shared fetch checks (B=17, H=40 with 32 x 64 tiles)."""
+    a_buffer, w_buffer = (r.source for r in sch.get(block).reads[:2])
     rows, _, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
-    return (rows % tile.bm == 0 and depth % tile.bk == 0) or all(
-        is_pure_copy(sch, p) for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer))
+    producers = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer)]
+    if w_buffer.dtype != dtype or (a_buffer.dtype != dtype and not producers):
+        return False
+    if any(len(sch.get_consumers(p)) > 1 for p in producers):
+        return False
+    return (rows % tile.bm == 0 and depth % tile.bk == 0) or all(is_pure_copy(sch, p) for p in producers)
 
 
 def _inline_copies(sch: Schedule, block) -> None:

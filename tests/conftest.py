@@ -1,8 +1,11 @@
 """Shared helpers: fresh random inputs every run, errors as relative norms against float64."""
 
+import subprocess
+
 import ml_dtypes
 import numpy as np
 import pytest
+import tvm
 
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
 TF32_TOLERANCE = 1e-3  # float32 tensors, GEMMs as TF32 (allow_tf32)
@@ -30,6 +33,23 @@ def random_inputs(cell, steps, batch, rng, dtype="float32"):
     params = {n: rng.uniform(-bound, bound, s).astype(cast) for n, s in cell.parameters().items()}
     states = {s: (0.5 * rng.standard_normal((batch, cell.hidden_size))).astype(cast) for s in cell.states}
     return x, params, states
+
+
+def gpu_available() -> bool:
+    """Whether TVM sees a CUDA device (the GPU tests' condition)."""
+    try:
+        return tvm.cuda(0).exist
+    except Exception:
+        return False
+
+
+def assert_nvcc_compiles(source: str, folder, arch: str = "sm_90") -> None:
+    """nvcc compiles CUDA ``source`` for ``arch`` (a cubin in ``folder``)."""
+    path = folder / "module.cu"
+    path.write_text(source)
+    nvcc = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-w", "-o", str(folder / "module.cubin"), str(path)],
+                          capture_output=True, text=True)
+    assert nvcc.returncode == 0, nvcc.stderr[-2000:]
 
 
 def upcast(values: dict):

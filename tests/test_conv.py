@@ -16,7 +16,7 @@ from halstm.models.conv_torch import RECIPES, DynamicConv1d, LightweightConv1d, 
 from halstm.models.op import compile_op  # noqa: E402
 from halstm.targets import CudaTarget  # noqa: E402
 
-from conftest import TOLERANCE, rel_err  # noqa: E402
+from conftest import TOLERANCE, gpu_available, rel_err  # noqa: E402
 
 # (T, B, C, K, H, padding_l): causal and centred, K from 3 to 31, heads of 4 channels (less than a
 # SIMD vector) and of 16, rows that do not fill a register tile
@@ -170,12 +170,8 @@ def test_cuda_recipe_prunes_what_the_gpu_cannot_run():
     assert 0 < len(recipe.space(program, small)) < len(recipe.space(program, H100))
 
 
-def _gpu() -> bool:
-    return torch.cuda.is_available()
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 @pytest.mark.parametrize("dynamic", [False, True], ids=["lightweight", "dynamic"])
 def test_matches_reference_on_gpu(dynamic, shape, rng):
@@ -189,7 +185,7 @@ def test_matches_reference_on_gpu(dynamic, shape, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 def test_modules_train_on_gpu(rng):
     module = random_module(True, rng, padding_l=4, weight_softmax=True, bias=True, conv_bias=True)
     module = module.cuda()

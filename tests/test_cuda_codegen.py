@@ -21,7 +21,7 @@ from halstm.schedules.cuda import hoisted_tile, step_tensor_core_tile, step_tile
 from halstm.schedules.cuda_tensorcore import TensorCoreTile, tensorize_works
 from halstm.targets import CudaTarget
 
-from conftest import TOLERANCE, random_inputs, rel_err, upcast
+from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
 from cuda_emulator import Buffer, Memory, T
 
 CELLS = (halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU)
@@ -44,21 +44,6 @@ def test_generates_cuda(cell, dtype, recipe, tmp_path):
     assert_nvcc_compiles(module.imports[0].inspect_source(), tmp_path)
 
 
-def assert_nvcc_compiles(source: str, folder, arch: str = "sm_90") -> None:
-    path = folder / "module.cu"
-    path.write_text(source)
-    nvcc = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-w", "-o", str(folder / "module.cubin"), str(path)],
-                          capture_output=True, text=True)
-    assert nvcc.returncode == 0, nvcc.stderr[-2000:]
-
-
-def _gpu() -> bool:
-    try:
-        return tvm.cuda(0).exist
-    except Exception:
-        return False
-
-
 # (T, B, I, H): the tiny shape, and one whose hoisted GEMM has ragged row and column tiles (at T=3
 # every check passed while GRU at T=20 came out 85 % wrong); fp16/bf16 on tensor cores at a tile-multiple
 # shape, and a ragged one (padded M, N, K)
@@ -66,7 +51,7 @@ GPU_SHAPES = [(T_, B_, I_, H_), (20, 4, 32, 48), (8, 16, 64, 64), (7, 17, 20, 40
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "T{}-B{}-I{}-H{}".format(*s))
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -574,7 +559,7 @@ def test_shared_memory_model_matches_tvms_allocation(dtype, knobs):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("dtype, knobs", [("float16", {"tc_stages": 2, "tc_step_k": 32}),
                                           ("bfloat16", {"tc_stages": 3, "tc_step_k": 32, "tc_hoisted_frags": 2}),
                                           ("tf32", {"tc_stages": 2, "tc_step_k": 16, "tc_k": 16})])

@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 import tvm
-from conftest import TOLERANCE, random_inputs, rel_err, upcast
+from conftest import TOLERANCE, gpu_available, random_inputs, rel_err, upcast
 from cuda_emulator import Buffer, Memory, Race, T
 from halstm.schedules import CudaPersistent
 from halstm.schedules.cuda_persistent import _Gemm, _Kernel
@@ -447,15 +447,8 @@ def test_emulator_finds_a_race():
 
 # --- on a GPU ------------------------------------------------------------------------------------
 
-def _gpu() -> bool:
-    try:
-        return tvm.cuda(0).exist
-    except Exception:
-        return False
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("batch, hidden", [(1, 50), (3, 100), (16, 200)], ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
@@ -466,7 +459,7 @@ def test_matches_reference_on_gpu(cell, dtype, batch, hidden, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("knobs", [
     {"units": 8, "tile_rows": 2, "tile_cols": 8, "threads": 128, "max_split": 8},
     {"units": 16, "tile_rows": 1, "tile_cols": 2, "threads": 512, "max_split": 128},
@@ -476,7 +469,7 @@ def test_other_knobs_match_reference_on_gpu(knobs, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("batch, hidden, knobs", [
     (3, 100, {"tensor_cores": True}),  # 13 padding rows; one unit a block: 4 columns padded to 16, idle warps
     (20, 64, {"tensor_cores": True, "units": 8, "threads": 64}),  # 2 x 2 tiles for 2 warps: two rounds

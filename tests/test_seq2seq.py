@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from halstm.models import decoding  # noqa: E402
 from halstm.models.seq2seq import GRUDecoder, Seq2Seq, TorchSeq2Seq  # noqa: E402
 from halstm.targets import CudaTarget  # noqa: E402
-from conftest import TOLERANCE, rel_err  # noqa: E402
+from conftest import TOLERANCE, gpu_available, rel_err  # noqa: E402
 
 H100 = CudaTarget("sm_90", sms=132)
 
@@ -126,15 +126,8 @@ def test_generates_cuda(batch):
     assert " out_weight_step_ptr" not in source  # the GEMM's (B, V) result never goes to memory
 
 
-def _gpu() -> bool:
-    try:
-        return torch.cuda.is_available()
-    except Exception:
-        return False
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("shape", SHAPES + [(1000, 64, 96, 12, 33)], ids=lambda s: "V{}-E{}-H{}-N{}-B{}".format(*s))
 def test_decoding_matches_torch_on_gpu(shape, rng):
     V, E, H, N, B = shape
@@ -147,7 +140,7 @@ def test_decoding_matches_torch_on_gpu(shape, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 def test_model_matches_torch_on_gpu(rng):
     V, E, H, L, T, B, N = 500, 32, 64, 2, 9, 7, 10
     reference64, _ = reference(V, E, H, rng, layers=L)

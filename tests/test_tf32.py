@@ -12,8 +12,8 @@ from halstm.targets import CudaTarget
 from halstm.targets.cuda import tf32_fragments
 from halstm.schedules.cuda_tensorcore import tensorize_works
 
-from conftest import TF32_TOLERANCE, random_inputs, rel_err, upcast
-from test_cuda_codegen import CELLS, H100, RECIPES, _gpu, assert_nvcc_compiles
+from conftest import TF32_TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
+from test_cuda_codegen import CELLS, H100, RECIPES
 
 tensor_cores = pytest.mark.skipif(not tensorize_works(), reason="TVM's tensorize segfaults with this apache-tvm-ffi")
 
@@ -77,7 +77,7 @@ def test_tf32_records_are_their_own():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpu(), reason="no CUDA device")
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("shape", [(8, 16, 64, 64), (7, 17, 20, 40), (20, 64, 256, 256)],
                          ids=lambda s: "T{}-B{}-I{}-H{}".format(*s))
 @pytest.mark.parametrize("recipe", RECIPES)
