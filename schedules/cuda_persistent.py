@@ -32,6 +32,8 @@ with a global load of h per multiply-add, took 17-24 us a step at B=16, H=512 (c
 2.8); the register tile 6.1 us (fp32, fourth run); fp16 on tensor cores 3.5 us, and at B=64, H=1024
 7.6 us a step for the kernel itself (ncu, sixth run). What is left at B=16 is a chain of latencies:
 the grid sync, the operand's L2 round trip, the __syncthreads, the elementwise math's global loads.
+Prefetching the states that math reads at the block's units (LSTM's c) with the input projection
+measured no faster (eleventh run, run 26): that load is not on the critical path.
 
 Shared stores are never inside a condition (the shared-memory sync planner cannot handle that): loops
 over a buffer clamp the index (the spare threads repeat the last element), and threads without a tile
