@@ -367,15 +367,18 @@ def fuse_epilogue(sch: Schedule, gemm, knobs: dict, program, target):
     the loop nest of that math (its next states, merged) tiled bm rows x units a block, the GEMM's
     tile (bm x G * units columns, the gates of those units: ``PackedLayout.units``) computed under
     it, the math reading the C tile from shared memory. One kernel a step instead of two, and the
-    gates never go to global memory. Returns the names of the nest's blocks, none where it does not apply: the
-    layout does not group this GEMM's tile, or the GEMM's readers are not one 2-D elementwise nest
-    that reads no later GEMM (ResetBeforeGRU's z gate, read after its second stage's GEMM)."""
+    gates never go to global memory. Returns the names of the nest's blocks, none where it does not
+    apply: the layout does not group this GEMM's tile, its operand cannot be fetched on tensor cores
+    (``fetches_its_operand``), or its readers are not one 2-D elementwise nest that reads no later
+    GEMM (ResetBeforeGRU's z gate, read after its second stage's GEMM)."""
     layout, name = program.layout, sch.get(gemm).name_hint
     info = next(g for g in program.plan.gemms if g.name == name)
     tile = step_tensor_core_tile(knobs, program.batch, info.rows, target)
     units = _tile_units(tile, info, program) if layout.units else None
     readers = sch.get_consumers(gemm)
     if units is None or units % layout.units or not readers:
+        return set()
+    if not fetches_its_operand(sch, gemm, tile, program.dtype):
         return set()
     nest = sch.get_loops(readers[0])
     if len(nest) != 2 or any(not sch.get(sch.get_loops(r)[0]).same_as(sch.get(nest[0])) for r in readers):

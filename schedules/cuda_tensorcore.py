@@ -267,9 +267,10 @@ def fetches_its_operand(sch: Schedule, block, tile: TensorCoreTile, dtype: str) 
     copy) or a computed one (ResetBeforeGRU's r * h) that needs no padding, computed for this GEMM
     alone, with weights in ``dtype``: gemm_tensorcore stores a computed operand in ``dtype``, an
     input must be in it already (the backward's fp32 adjoints, read by other blocks too, and the
-    fp32 operands of its weight gradients stay on FFMA). pad_einsum pads a computed operand with a block that reads it over the
-    padded rows and K, past what its producer writes; the scope then fails the region cover that
-    compute_at of the shared fetch checks (B=17, H=40 with 32 x 64 tiles)."""
+    fp32 operands of its weight gradients stay on FFMA). pad_einsum pads a computed operand with a
+    block that reads it over the padded rows and K, past what its producer writes; the scope then
+    fails the region cover that compute_at of the shared fetch checks (B=17, H=40 with 32 x 64
+    tiles)."""
     a_buffer, w_buffer = (r.source for r in sch.get(block).reads[:2])
     rows, _, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
     producers = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer)]
