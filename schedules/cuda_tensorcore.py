@@ -182,7 +182,7 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str, epil
 
     fetches = []
     for index in (0, 1):
-        staged = sch.cache_read(outer, index, TILE_SCOPE, consumer_blocks=[outer])
+        staged = sch.cache_read(outer, index, TILE_SCOPE)
         fetches.append(staged)
         sch.compute_at(staged, k_outer)
         _inline_copies(sch, staged)
