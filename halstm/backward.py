@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 from tvm import te
@@ -149,8 +149,12 @@ def lower_backward(
     plan: Plan | None = None,
     layout: PackedLayout | None = None,
 ) -> BackwardProgram:
-    """The backward of ``lower(cell, steps, batch, dtype, plan, layout)`` (unscheduled)."""
-    backward, layout = BackwardPlan(plan or make_plan(cell)), layout or PackedLayout()
+    """The backward of ``lower(cell, steps, batch, dtype, plan, layout)`` (unscheduled). Its weights
+    are packed in ``layout``'s strips, the gates' columns in order: columns grouped by units (a fused
+    step epilogue's layout) would be gathers that autodiff cannot differentiate, and the backward
+    packs its own weights, so it needs no grouping to match the forward's."""
+    backward = BackwardPlan(plan or make_plan(cell))
+    layout = replace(layout, units=None) if layout else PackedLayout()
     bptt, kept = _bptt(backward, steps, batch, dtype, layout)
     weights = _weights(backward, steps, batch, dtype, layout, kept)
     return BackwardProgram(backward, bptt, weights)

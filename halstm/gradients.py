@@ -9,8 +9,6 @@ on the output sequence y and the final states: ``grads[cell.output][1:] = dL/dy`
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import tvm
 from tvm import te
@@ -37,10 +35,7 @@ def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32",
     plan = make_plan(cell)
     forward = lower(cell, int(steps), int(batch), dtype, plan)
     knobs = recipe.resolve(forward, target, knobs)
-    # columns grouped by units (a fused step epilogue's layout) would take gather indices autodiff cannot
-    # differentiate; the backward packs its own weights, so it keeps the gates' columns in order
-    layout = replace(recipe.layout(forward, target, knobs), units=None)
-    program = lower_backward(cell, int(steps), int(batch), dtype, plan, layout)
+    program = lower_backward(cell, int(steps), int(batch), dtype, plan, recipe.layout(forward, target, knobs))
     scheduled = {name: recipe.apply(p, target, **knobs) for name, p in (("bptt", program.bptt), ("weights", program.weights))}
     functions = {name: s.mod["main"].with_attr("global_symbol", name) for name, s in scheduled.items()}
     module = target.build(tvm.IRModule(functions), **getattr(recipe, "build_options", {}))

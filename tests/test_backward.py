@@ -260,17 +260,23 @@ def test_what_cannot_be_differentiated_is_named(cell_type, words, rng):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-@pytest.mark.parametrize("dtype, batch", [("float32", 2), ("float16", 16)], ids=("fp32", "fp16-B16"))
+@pytest.mark.parametrize("dtype, batch, hidden", [("float32", 2, 24), ("float16", 16, 32)], ids=("fp32", "fp16-B16"))
 @pytest.mark.parametrize("cell_type", CELLS, ids=lambda c: c.__name__)
-def test_backward_generates_cuda(cell_type, dtype, batch, tmp_path):
+def test_backward_generates_cuda(cell_type, dtype, batch, hidden, tmp_path):
     """The CUDA step-loop recipe schedules both backward functions; nvcc compiles them. In fp16 at
     B=16 the GEMMs of fp16 operands run on tensor cores, those of the fp32 adjoints on FFMA (the
     tensor-core schedule failed there on an adjoint that other blocks read too, and on the weight
-    gradients' fp32 operands)."""
-    backward = compile_backward(cell_type(20, 24), 3, batch, dtype, target=CudaTarget("sm_90", sms=132))
+    gradients' fp32 operands). At H=32 the forward's layout groups LSTM's gate columns by units (a
+    fused step epilogue): the backward keeps them in order (lower_backward), which autodiff needs."""
+    h100 = CudaTarget("sm_90", sms=132)
+    cell = cell_type(20, hidden)
+    backward = compile_backward(cell, 3, batch, dtype, target=h100)
     source = backward.module.mod.imports[0].inspect_source()
     assert ("wmma::mma_sync" in source) == (dtype == "float16")
     assert_nvcc_compiles(source, tmp_path)
+    if cell_type in (halstm.LSTM, halstm.PeepholeLSTM) and dtype == "float16":
+        assert halstm.compile(cell, 3, batch, dtype, target=h100, recipe="cuda-step-loop").program.layout.units
+        assert backward.program.bptt.layout.units is None
 
 
 @pytest.mark.gpu
