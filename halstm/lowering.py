@@ -72,11 +72,10 @@ def _storage(t: te.Tensor, dtype: str, name: str) -> te.Tensor:
     return te.compute(t.shape, lambda *i: t(*i).astype(dtype), name=name)
 
 
-def _columns(t: te.Tensor, start: int, width: int, name: str, layout: PackedLayout | None = None) -> te.Tensor:
+def _columns(t: te.Tensor, start: int, width: int, name: str, layout: PackedLayout) -> te.Tensor:
     """Columns start .. start + width of t (of the cell's math; stored as ``layout`` says)."""
     rows = int(t.shape[1])
-    return te.compute((t.shape[0], width), lambda b, n: t[b, layout.column(n + start, rows) if layout else n + start],
-                      name=name)
+    return te.compute((t.shape[0], width), lambda b, n: t[b, layout.column(n + start, rows)], name=name)
 
 
 @dataclass(frozen=True)
