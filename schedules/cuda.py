@@ -145,24 +145,22 @@ class CudaStepLoop(Recipe):
         depth = max((g.depth for stage in program.plan.stages for g in stage), default=0)
         if not depth:
             return {}
-        if knobs["tc_stages"] > 1:  # round trips overlap: short K tiles, at most PIPELINED_K_TILES of them
-            shortest = PIPELINED_K_BYTES // size
-            lengths = [bk for bk in sorted(self.knobs["tc_step_k"]) if bk >= shortest]
-            few = [bk for bk in lengths if -(-depth // bk) <= PIPELINED_K_TILES]
-            tries = few + [bk for bk in reversed(lengths) if bk not in few]  # else the longest that fits
-            for bk in tries:
-                pipelined = {**knobs, "tc_fill": True, "tc_prefetch": False, "tc_step_k": bk}
-                if _step_tiles_fit(pipelined, program, target, size):
-                    return {n: pipelined[n] for n in self._TENSOR_CORE_STEP}
-        options = [{**knobs, "tc_fill": True, "tc_prefetch": False, "tc_step_k": bk} for bk in self.knobs["tc_step_k"]]
-        options = [o for o in options if _step_tiles_fit(o, program, target, size)]
-        if not options:
+        def setting(bk):
+            return {**knobs, "tc_fill": True, "tc_prefetch": False, "tc_step_k": bk}
+
+        def tiles(bk):
+            return -(-depth // bk)
+
+        fitting = [bk for bk in self.knobs["tc_step_k"] if _step_tiles_fit(setting(bk), program, target, size)]
+        pipelined = sorted(bk for bk in fitting if bk >= PIPELINED_K_BYTES // size)
+        if knobs["tc_stages"] > 1 and pipelined:
+            # round trips overlap: the shortest K tile that makes at most PIPELINED_K_TILES, else the longest
+            bk = next((bk for bk in pipelined if tiles(bk) <= PIPELINED_K_TILES), pipelined[-1])
+        elif fitting:  # the fewest round trips, a tile dividing K first (its loads stay vectors)
+            bk = min(fitting, key=lambda bk: (depth % bk != 0 and tiles(bk) > 1, tiles(bk), bk))
+        else:
             return {}
-        def cost(o):
-            tiles = -(-depth // o["tc_step_k"])
-            return (depth % o["tc_step_k"] != 0 and tiles > 1, tiles, o["tc_step_k"])
-        best = min(options, key=cost)
-        return {n: best[n] for n in self._TENSOR_CORE_STEP}
+        return {n: setting(bk)[n] for n in self._TENSOR_CORE_STEP}
 
     def valid(self, program, target, knobs) -> bool:
         """It runs; knobs of a GEMM schedule that does not run stay at their first value (they
