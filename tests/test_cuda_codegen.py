@@ -185,10 +185,11 @@ def test_step_gemm_ir_on_tensor_cores():
 
 @tensor_cores
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-@pytest.mark.parametrize("cell, fused, kernels", [(halstm.LSTM, True, 1), (halstm.PeepholeLSTM, True, 1),
-                                                  (halstm.GRU, False, 2), (halstm.ResetBeforeGRU, True, 3)],
+@pytest.mark.parametrize("cell, fused, kernels, gates_in_global",
+                         [(halstm.LSTM, True, 1, False), (halstm.PeepholeLSTM, True, 1, False),
+                          (halstm.GRU, False, 2, True), (halstm.ResetBeforeGRU, True, 3, True)],
                          ids=lambda v: getattr(v, "__name__", str(v)))
-def test_step_epilogue_runs_in_the_tensor_core_gemms_kernel(cell, fused, kernels, tmp_path):
+def test_step_epilogue_runs_in_the_tensor_core_gemms_kernel(cell, fused, kernels, gates_in_global, tmp_path):
     """tc_epilogue: the step's elementwise math in its GEMM's kernel, reading the C tile, the gates
     never in global memory (no gemm0 buffer). LSTM's 4H columns are stored 4 gates x units a tile
     (PackedLayout.units); GRU's 3 gates do not divide its 16-column fragments' tile and stay two
@@ -201,8 +202,8 @@ def test_step_epilogue_runs_in_the_tensor_core_gemms_kernel(cell, fused, kernels
         step = text[text.index('T.sblock("step")'):]
         return f, step.count('thread="blockIdx.x"'), "gemm0 = T.sblock_alloc_buffer" in step
 
-    f, on, gates_in_global = step_kernels(True)
-    assert (on, gates_in_global) == (kernels, not (fused and cell is not halstm.ResetBeforeGRU))
+    f, on, gemm0_buffer = step_kernels(True)
+    assert (on, gemm0_buffer) == (kernels, gates_in_global)
     assert (f.program.layout.units is not None) == fused
     assert step_kernels(False)[1] == kernels + fused
     assert_nvcc_compiles(f.module.mod.imports[0].inspect_source(), tmp_path)
@@ -255,13 +256,15 @@ def test_step_gemm_tensor_core_tile_fills_the_sms():
     assert tile.for_rows(16).filling(16, 2048, sms=132).blocks(16, 2048) == 128
 
 
-@pytest.mark.parametrize("batch, hidden, pipelined_k, bk, bn",
-                         [(64, 1024, 32, 128, 32), (256, 1024, 32, 128, 64), (16, 512, 32, 128, 16), (64, 2048, 64, 128, 64)])
-def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, pipelined_k, bk, bn):
+@pytest.mark.parametrize("batch, hidden, pipelined_k, tf32_k, bk, bn",
+                         [(64, 1024, 32, 32, 128, 32), (256, 1024, 32, 32, 128, 64), (16, 512, 32, 16, 128, 16),
+                          (64, 2048, 64, 64, 128, 64)])
+def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, pipelined_k, tf32_k, bk, bn):
     """fp16 on an H100: the step GEMM's defaults pipeline four K tiles of 32 (64 bytes a row), at
     most 32 of them (H=2048: 32 of 64), with the narrowed column tile, not prefetched; in one stage
     they stage K in the fewest tiles that fit (B=64, H=1024: 8 tiles of K=128 where the first knob
-    values made 32 of K=32, in 64 blocks); both pass valid(); fp32 leaves the knobs alone."""
+    values made 32 of K=32, in 64 blocks); both pass valid(); fp32 leaves the knobs alone; TF32's
+    tiles of 16 stay at most 32 too (H=1024: 32 of 32)."""
     recipe = CudaStepLoop()
     program = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch, dtype="float16")
     if not tensorize_works():
@@ -276,7 +279,7 @@ def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, pipelined_
     fp32 = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch)
     assert all(recipe.defaults(fp32, H100)[n] == recipe.knobs[n][0] for n in ("tc_step_k", "tc_prefetch", "tc_fill"))
     tf32 = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch, allow_tf32=True)
-    assert recipe.defaults(tf32, H100)["tc_step_k"] == max(16, hidden // 32)  # 16 fp32: 64 bytes; at most 32 tiles
+    assert recipe.defaults(tf32, H100)["tc_step_k"] == tf32_k  # 16 fp32 (64 bytes) a tile, at most 32 tiles
 
 
 def test_step_tensor_core_knobs_pruned_where_they_do_not_fit():
