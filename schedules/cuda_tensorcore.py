@@ -275,9 +275,9 @@ def fetches_its_operand(sch: Schedule, block, tile: TensorCoreTile, dtype: str) 
     rows, _, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
     producers = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer)]
     if w_buffer.dtype != dtype or (a_buffer.dtype != dtype and not producers):
-        return False
+        return False  # an fp32 input: tensor cores take the storage dtype only
     if any(len(sch.get_consumers(p)) > 1 for p in producers):
-        return False
+        return False  # retyped to the storage dtype, it would change what its other readers see
     return (rows % tile.bm == 0 and depth % tile.bk == 0) or all(is_pure_copy(sch, p) for p in producers)
 
 

@@ -1,7 +1,13 @@
 """Recipes as rewrites: the IR before and after the CPU recipe."""
 
+import numpy as np
+import tvm
+
 import halstm
+from conftest import random_inputs
+from halstm.compiler import signature
 from halstm.lowering import PackedLayout
+from halstm.runtime import SequenceFunction
 from halstm.schedules import CpuStepLoop, recipes_for
 from halstm.targets import CpuTarget
 
@@ -66,8 +72,6 @@ def test_gpu_recipe_preference_follows_the_measured_sizes():
 def test_compile_parses_the_lowered_function_once(monkeypatch):
     """Parsing the TVMScript is most of lowering: compile lowers a second time for the recipe's
     weight layout, and only that program is parsed."""
-    import tvm
-
     parse, parsed = tvm.script.from_source, []
     monkeypatch.setattr(tvm.script, "from_source", lambda source: parsed.append(source) or parse(source))
     f = halstm.compile(halstm.LSTM(8, 16), 3, 2, target=TARGET, database=False)
@@ -79,14 +83,6 @@ def test_grouped_columns_are_a_permutation_and_keep_the_math():
     units (a fused step epilogue's layout, schedules/cuda.py): ``column`` and ``logical`` are
     inverse permutations, a width that is no multiple of H keeps its order, and the unscheduled
     program computes the same sequences grouped as plain."""
-    import numpy as np
-    import tvm
-
-    from halstm.compiler import signature
-    from halstm.runtime import SequenceFunction
-
-    from conftest import random_inputs
-
     grouped = PackedLayout(units=4, width=16)
     for rows in (64, 48):
         stored = [grouped.column(n, rows) for n in range(rows)]
