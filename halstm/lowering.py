@@ -72,12 +72,6 @@ def _storage(t: te.Tensor, dtype: str, name: str) -> te.Tensor:
     return te.compute(t.shape, lambda *i: t(*i).astype(dtype), name=name)
 
 
-def _columns(t: te.Tensor, start: int, width: int, name: str, layout: PackedLayout) -> te.Tensor:
-    """Columns start .. start + width of t (of the cell's math; stored as ``layout`` says)."""
-    rows = int(t.shape[1])
-    return te.compute((t.shape[0], width), lambda b, n: t[b, layout.column(n + start, rows)], name=name)
-
-
 @dataclass(frozen=True)
 class PackedLayout:
     """How a GEMM's stacked weights are stored, a choice the recipe makes: (K, N) rows, or with
@@ -118,6 +112,12 @@ class PackedLayout:
             return p
         group, within = p // (rows // self.width * self.units), p % (rows // self.width * self.units)
         return within // self.units * self.width + group * self.units + within % self.units
+
+
+def _columns(t: te.Tensor, start: int, width: int, name: str, layout: PackedLayout = PackedLayout()) -> te.Tensor:
+    """Columns start .. start + width of t (of the cell's math; stored as ``layout`` says)."""
+    rows = int(t.shape[1])
+    return te.compute((t.shape[0], width), lambda b, n: t[b, layout.column(n + start, rows)], name=name)
 
 
 def stacked(gemm: Gemm, params: Params, n, k):
