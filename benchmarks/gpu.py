@@ -46,9 +46,12 @@ def storage(dtype: str) -> str:
 
 def applicable(name, T, B, I, H, dtype, recipe, target, every_recipe=False) -> bool:
     r = next(r for r in schedules.BUILTIN if r.name == recipe)
-    if recipe == "cuda-persistent" and B > PREFERRED_MAX_BATCH and not every_recipe:
-        return False  # slower than the step loop there (docs/gpu-results.md); --every-recipe times it
-    return r.is_applicable(halstm.lower(CELLS[name](I, H), T, B, storage(dtype), allow_tf32=dtype == "tf32"), target)
+    program = halstm.lower(CELLS[name](I, H), T, B, storage(dtype), allow_tf32=dtype == "tf32")
+    if recipe == "cuda-persistent" and B > PREFERRED_MAX_BATCH and not every_recipe and r.is_applicable(program, target):
+        # slower than the step loop there but where it streams the operand (docs/gpu-results.md);
+        # --every-recipe times it
+        return r.streams(program, target)
+    return r.is_applicable(program, target)
 
 
 def build(job, target, folder):

@@ -75,9 +75,10 @@ SHARED_GRANULE = 32
 # faster than the step loop at B=1 (2.8-3.9x), B=16, H=512 (2.9-5.2x), (T, B, H) = (1024, 16, 768)
 # (2.9-5.8x) and B=64, H=1024 (1.1-2.3x), every cell, fp32 and fp16 (fourth run, FFMA); with the
 # step GEMMs of both recipes on tensor cores, fp16 at B=64, H=1024 2.2-5.3 ms against 2.7-7.1 and
-# (512, 64, 512) 3.7-9.0 against 7.9-19.8 (sixth run). B=256 is not measured with it (at H=1024 its
-# fp16 operand does not fit in shared memory beside the weights). A size rule only; the tuner
-# measures both.
+# (512, 64, 512) 3.7-9.0 against 7.9-19.8 (sixth run). Above it the recipe goes first only where its
+# step GEMM streams the operand on tensor cores (``CudaPersistent.streams``): fp16 B=256, H=1024
+# LSTM 2.81-2.89 ms against the step loop's 3.00-3.18, GRU 2.37 against 2.65-2.72 (twelfth run). A
+# size rule only; the tuner measures both.
 PREFERRED_MAX_BATCH = 64
 
 VECTOR = 4  # k a thread moves at once: operand staging, and shared memory to registers in the GEMM
@@ -91,9 +92,13 @@ MAX_TILE_REGISTERS = 64  # accumulators + operand registers a thread may hold (s
 
 class CudaPersistent(Recipe):
     """Knobs: ``threads`` a block; ``units`` hidden units a block (the grid is H / units: fewer blocks,
-    a cheaper grid sync, more work each); the register tile ``tile_rows`` x ``tile_cols`` (rows of
-    the batch x columns of the block's gates); ``max_split`` caps the split-K parts (each output then
-    sums that many partials serially)."""
+    a cheaper grid sync, more work each); ``row_blocks`` splits the batch over that many blocks a
+    unit group (the grid is H / units x row_blocks: each block stages and multiplies B / row_blocks
+    rows with its weights); the register tile ``tile_rows`` x ``tile_cols`` (rows of the batch x
+    columns of the block's gates); ``stage_operand`` stages the step's operand in shared memory
+    where it fits beside the weights (else the GEMM reads it from global memory); ``max_split`` caps the split-K parts (each output then sums that
+    many partials serially); ``warp_frags`` the 16-column fragments a warp accumulates on tensor
+    cores (each operand fragment it loads feeds that many mma)."""
 
     name = "cuda-persistent"
     knobs = {
@@ -102,8 +107,11 @@ class CudaPersistent(Recipe):
         "tile_rows": (4, 2, 1, 8),
         "tile_cols": (4, 2, 8, 1),
         "max_split": (32, 8, 128),
+        "row_blocks": (1, 2, 4),
+        "stage_operand": (True, False),
         # the step GEMM on tensor cores (fp16/bf16; the register tile's knobs then change nothing)
         "tensor_cores": (True, False),
+        "warp_frags": (1, 2, 4),
         # the hoisted input GEMM's fragments on tensor cores, as the step loop's knob (cuda.py)
         "tc_hoisted_frags": (2, 4, 1),
     }
@@ -113,7 +121,8 @@ class CudaPersistent(Recipe):
         """The fewest units that keep the grid within the SMs (the largest grid); the largest row tile
         within the batch; the largest column tile that divides the block's columns; tensor cores
         where the dtype and arch allow them and the batch fills a fragment's 16 rows; the hoisted
-        GEMM's fragments as the step loop's."""
+        GEMM's fragments as the step loop's. Where the operand then does not fit in shared memory and
+        tensor cores stream it: the batch over row blocks too (``_streaming``)."""
         H, B = program.cell.hidden_size, program.batch
         k = super().defaults(program, target)
         k["tc_hoisted_frags"] = CudaStepLoop().defaults(program, target)["tc_hoisted_frags"]
@@ -122,28 +131,38 @@ class CudaPersistent(Recipe):
         k["tensor_cores"] = tensor_cores_available(program.dtype, target) and B >= TENSOR_CORE_MIN_ROWS
         if k["tensor_cores"] and not self.valid(program, target, k):  # the operand does not fit on chip
             k["tensor_cores"] = False
+        if k["tensor_cores"] and not _Kernel.plan(program, target, k).staged:
+            k |= _streaming(self, program, target, k)
         return k
+
+    def streams(self, program, target) -> bool:
+        """Whether the defaults stream the step's operand from global memory on tensor cores."""
+        k = self.defaults(program, target)
+        return k["tensor_cores"] and self.runs(program, target, k) and not _Kernel.plan(program, target, k).staged
 
     def valid(self, program, target, knobs) -> bool:
         """It runs; tc_hoisted_frags stays at its first value where the hoisted GEMM is not on
-        tensor cores (it would only repeat a candidate)."""
+        tensor cores, stage_operand where the operand is not staged anyway (either would only repeat
+        a candidate)."""
         first = knobs["tc_hoisted_frags"] == self.knobs["tc_hoisted_frags"][0]
         hoisted = _prologue_knobs(program, target, knobs)
-        return (first or use_tensor_cores(hoisted, program, target)) and self.runs(program, target, knobs)
+        if not ((first or use_tensor_cores(hoisted, program, target)) and self.runs(program, target, knobs)):
+            return False
+        return knobs["stage_operand"] or _Kernel.plan(program, target, {**knobs, "stage_operand": True}).staged
 
     def runs(self, program, target, knobs) -> bool:
         """Co-resident (a grid of at most the SMs), whole units, a register tile that runs as chosen
         (no more rows than the batch, columns dividing the block's) or tensor cores that take the
         dtype, registers and shared memory (tensor cores need the operand there), the hoisted GEMM's
         tile within the target's limits."""
-        H, B, U = program.cell.hidden_size, program.batch, knobs["units"]
-        if H % U or H // U > target.sms or knobs["threads"] > target.max_threads:
+        H, B, U, P = program.cell.hidden_size, program.batch, knobs["units"], knobs["row_blocks"]
+        if H % U or B % P or H // U * P > target.sms or knobs["threads"] > target.max_threads:
             return False
         tm, tn = knobs["tile_rows"], knobs["tile_cols"]
         if knobs["tensor_cores"]:
             if not tensor_cores_available(program.dtype, target):
                 return False
-        elif tm > B or (_widest(program) // H * U) % tn:
+        elif tm > B // P or (_widest(program) // H * U) % tn:
             return False
         hoisted = _prologue_knobs(program, target, knobs)
         return (tm * tn + (tm + tn) * VECTOR <= MAX_TILE_REGISTERS
@@ -152,11 +171,12 @@ class CudaPersistent(Recipe):
                 and _Kernel.plan(program, target, knobs) is not None)
 
     def space(self, program, target) -> list[dict]:
-        """As Recipe.space, but on tensor cores one register tile only (the first valid): there it
-        changes nothing."""
+        """As Recipe.space, but one register tile on tensor cores and one warp_frags on FFMA (the first
+        valid): there they change nothing."""
         seen, out = set(), []
         for k in super().space(program, target):
-            key = tuple((n, v) for n, v in k.items() if not (k["tensor_cores"] and n in ("tile_rows", "tile_cols")))
+            moot = ("tile_rows", "tile_cols") if k["tensor_cores"] else ("warp_frags",)
+            key = tuple((n, v) for n, v in k.items() if n not in moot)
             if key not in seen:
                 seen.add(key)
                 out.append(k)
@@ -182,6 +202,20 @@ class CudaPersistent(Recipe):
         return sch
 
 
+def _streaming(recipe, program, target, knobs) -> dict:
+    """Units, row blocks and fragments where the defaults' operand does not fit in shared memory:
+    the largest grid, and in it the fewest unit groups (each block reads its B / row_blocks rows of
+    the operand every step: fewer groups read less), 4 fragments a warp. H100, LSTM fp16 (100, 256,
+    1024), twelfth run: 16 units in 2 row blocks (128 blocks) 2.81-2.89 ms; 8 units, 1 row block
+    (these defaults before) 4.17-4.29; 4 fragments a warp against 2: 2.83 / 3.85 ms."""
+    H, B = program.cell.hidden_size, program.batch
+    settings = [{**knobs, "units": u, "row_blocks": p, "warp_frags": max(recipe.knobs["warp_frags"])}
+                for u in range(knobs["units"], H + 1) if H % u == 0
+                for p in recipe.knobs["row_blocks"] if B % (p * FRAG) == 0]
+    settings = [k for k in settings if recipe.runs(program, target, k)]
+    return max(settings, key=lambda k: (H // k["units"] * k["row_blocks"], k["units"]), default=knobs)
+
+
 def _prologue_knobs(program, target, knobs) -> dict:
     """The step loop's defaults for the prologue, with this recipe's hoisted-GEMM fragments."""
     return {**CudaStepLoop().defaults(program, target), "tc_hoisted_frags": knobs["tc_hoisted_frags"]}
@@ -201,8 +235,9 @@ def _register_tile(program, units: int) -> dict:
 
 @dataclass
 class _Gemm:
-    """One step GEMM as a block computes it: B x C outputs (its units' columns of every gate) over K,
-    in tiles of tm x tn: a thread's registers (FFMA), or a warp's 16 x 16 fragment (tensor cores)."""
+    """One step GEMM as a block computes it: B x C outputs (its rows of the batch, its units' columns
+    of every gate) over K, in tiles of tm x tn: a thread's registers (FFMA), or a warp's 16 x 16
+    fragments (tensor cores: ``frags`` of them side by side, tn = 16 x frags)."""
 
     index: int  # w_packed{index}, buffers *{index}
     name: str
@@ -216,24 +251,27 @@ class _Gemm:
     split: int  # S
     threads: int
     tensor_cores: bool = False
+    view: str | None = None  # the state view the operand is, where it is one as stored (h_t)
 
     @classmethod
-    def sized(cls, index, gemm, operand, dtype, B, C, knobs, weights_dtype) -> _Gemm:
+    def sized(cls, index, gemm, operand, dtype, view, B, C, knobs, weights_dtype) -> _Gemm:
         """The sizes that run for these knobs: the tile shrunk to the batch and to a divisor of the
-        block's columns (FFMA) or 16 x 16 (tensor cores: the operand staged in the weights' dtype, a
-        state as it is, a computed r * h rounded to it as a torch cell in that dtype rounds it); the
-        most split-K parts (a power of two, at most ``max_split``) whose tiles the threads (warps) can
-        hold, each part at least one chunk of K."""
+        block's columns (FFMA) or 16 x 16 x the most fragments up to ``warp_frags`` that divide the
+        block's columns (tensor cores: the operand staged in the weights' dtype, a state as it is, a
+        computed r * h rounded to it as a torch cell in that dtype rounds it); the most split-K parts
+        (a power of two, at most ``max_split``) whose tiles the threads (warps) can hold, each part at
+        least one chunk of K."""
         NT, K = knobs["threads"], gemm.depth
         tc = knobs["tensor_cores"]
         if tc:
-            tm = tn = FRAG
+            frags = -(-C // FRAG)
+            tm, tn = FRAG, FRAG * max(f for f in range(1, knobs["warp_frags"] + 1) if frags % f == 0)
             if dtype != weights_dtype:
-                operand, dtype = f'T.Cast("{weights_dtype}", {operand})', weights_dtype
+                operand, dtype, view = f'T.Cast("{weights_dtype}", {operand})', weights_dtype, None
         else:
             tm = min(knobs["tile_rows"], B)
             tn = max(t for t in range(1, knobs["tile_cols"] + 1) if C % t == 0)
-        g = cls(index, gemm.name, operand, dtype, B, C, K, tm, tn, 1, NT, tc)
+        g = cls(index, gemm.name, operand, dtype, B, C, K, tm, tn, 1, NT, tc, view)
         while 2 * g.split <= knobs["max_split"] and 2 * g.split * g.tiles <= g.workers and 2 * g.split * g.width <= K:
             g.split *= 2
         return g
@@ -251,7 +289,18 @@ class _Gemm:
     @property
     def ldc(self) -> int:
         """Columns of the result buffers: C, padded to whole fragments on tensor cores."""
-        return -(-self.C // self.tn) * self.tn if self.tensor_cores else self.C
+        return -(-self.C // FRAG) * FRAG if self.tensor_cores else self.C
+
+    @property
+    def frags(self) -> int:
+        """16-column fragments in a warp's tile (tensor cores)."""
+        return self.tn // FRAG
+
+    @property
+    def streams(self) -> bool:
+        """Whether tensor cores can load the operand's fragments straight from global memory: a
+        state as stored, whole fragments of rows and of K (WMMA loads 32-byte aligned rows)."""
+        return self.tensor_cores and self.view is not None and self.B % FRAG == 0 and self.K % FRAG == 0
 
     @property
     def row_tiles(self) -> int:
@@ -339,21 +388,26 @@ class _Kernel:
         self.p, self.target, self.blocks, self.staged = program, target, blocks, staged
         self.hoisted = hoisted  # (index, name, columns a block) of the hoisted GEMMs prefetched a step
         self.operands = _staged_operands([b for b in blocks if isinstance(b, _Gemm)])
-        self.threads, self.units = knobs["threads"], knobs["units"]
+        self.threads, self.units, self.row_blocks = knobs["threads"], knobs["units"], knobs["row_blocks"]
         self.H = program.cell.hidden_size
-        self.grid = self.H // self.units
+        self.groups = self.H // self.units  # unit groups; block p_bx has group p_bx % groups
+        self.rows = program.batch // self.row_blocks  # rows of the batch a block; from row p_bx // groups * rows
+        self.grid = self.groups * self.row_blocks
 
     @classmethod
     def plan(cls, program, target, knobs):
         """None when the step has math a block cannot do on its own units (see ``_step_blocks``) or
-        the block's buffers do not fit in shared memory (tensor cores need the operand there)."""
-        H, B, U = program.cell.hidden_size, program.batch, knobs["units"]
+        the block's buffers do not fit in shared memory. The operands are staged in shared memory
+        where they fit (and ``stage_operand``); else read from global memory, which on tensor cores
+        needs every GEMM's operand to be a state as stored (``_Gemm.streams``)."""
+        H, U = program.cell.hidden_size, knobs["units"]
+        rows = program.batch // knobs["row_blocks"]
         analysed = _step_blocks(program)
         if analysed is None:
             return None
-        blocks = [_Gemm.sized(program.plan.gemms.index(what), what, text, dtype, B, what.rows // H * U, knobs,
-                              program.dtype)
-                  if kind == "gemm" else (kind, what, ivs, text) for kind, what, ivs, text, dtype in analysed]
+        blocks = [_Gemm.sized(program.plan.gemms.index(what), what, text, dtype, view, rows, what.rows // H * U,
+                              knobs, program.dtype)
+                  if kind == "gemm" else (kind, what, ivs, text) for kind, what, ivs, text, dtype, view in analysed]
         gemms = [g for g in blocks if isinstance(g, _Gemm)]
         # the hoisted GEMMs' gate columns of the own units are prefetched with the operand
         hoisted = [(program.plan.gemms.index(g), g.name, g.rows // H * U) for g in program.plan.hoisted
@@ -366,8 +420,9 @@ class _Kernel:
                     return None
                 blocks[n] = (kind, name, ivs, value)
         kernel = cls(program, target, knobs, blocks, hoisted, staged=True)
-        if kernel.shared_bytes() > target.shared_memory and not knobs["tensor_cores"]:
-            kernel.staged = False  # the operands do not fit beside the weights: read from global memory
+        if ((kernel.shared_bytes() > target.shared_memory or not knobs["stage_operand"])
+                and (not knobs["tensor_cores"] or all(g.streams for g in gemms))):
+            kernel.staged = False
         return kernel if kernel.shared_bytes() <= target.shared_memory else None
 
     # --- sizes -------------------------------------------------------------------------------
@@ -375,9 +430,18 @@ class _Kernel:
         return sum(size * BYTES[dtype] for _, size, dtype, scope in self.buffers() if scope == "shared.dyn")
 
     # --- text --------------------------------------------------------------------------------
+    @property
+    def first_unit(self) -> str:
+        group = "p_bx" if self.row_blocks == 1 else f"p_bx % {self.groups}"
+        return f"{group} * {self.units}"
+
     def global_column(self, c: str) -> str:
         """Column of the GEMM result for local column c of this block."""
-        return f"({c}) // {self.units} * {self.H} + p_bx * {self.units} + ({c}) % {self.units}"
+        return f"({c}) // {self.units} * {self.H} + {self.first_unit} + ({c}) % {self.units}"
+
+    def global_row(self, r: str) -> str:
+        """Row of the batch for local row r of this block."""
+        return r if self.row_blocks == 1 else f"p_bx // {self.groups} * {self.rows} + ({r})"
 
     def flat(self, count: int, body, unroll: int = 1) -> list[str]:
         """A loop of all threads over ``count`` items, the index clamped (no condition around stores);
@@ -411,7 +475,8 @@ class _Kernel:
 
     def prefetch(self, i: int, name: str, columns: int, q: str) -> list[str]:
         """The step's row block of a hoisted GEMM, the block's units' gate columns, into x_s[row * C + c]."""
-        return [f"x_s{i}[{q}] = {name}_t[{q} // {columns}, {self.global_column(f'{q} % {columns}')}]"]
+        row, column = self.global_row(f"{q} // {columns}"), self.global_column(f"{q} % {columns}")
+        return [f"x_s{i}[{q}] = {name}_t[{row}, {column}]"]
 
     def stage_operand(self, g: _Gemm) -> list[str]:
         """The step's B x K operand into a_s[row * stride + k], VECTOR at a time where rows allow
@@ -423,7 +488,7 @@ class _Kernel:
         def body(q):
             lines = [f"for p_v in T.vectorized({v}):"] if v > 1 else []
             k = f"({q}) % {per_row} * {v}" + (" + p_v" if v > 1 else "")
-            value = substitute(g.operand, {"p_row": f"{q} // {per_row}", "p_k": k})
+            value = substitute(g.operand, {"p_row": self.global_row(f"{q} // {per_row}"), "p_k": k})
             store = f"{a.name}[({q}) // {per_row} * {a.stride} + {k}] = {value}"
             return lines + [("    " if v > 1 else "") + store]
 
@@ -450,42 +515,53 @@ class _Kernel:
         return lines
 
     def tensor_core_text(self, g: _Gemm) -> list[str]:
-        """Warp (tile, part) multiplies 16 x 16 fragments of the staged operand (row-major) and the
-        weight columns (column-major: k contiguous), accumulating in fp32, and stores its tile to
-        part[part][row * ldc + column]; warps without a tile store zeros to the spare fragment."""
-        S, i, a, dtype = g.split, g.index, self.operands[g.index], self.p.dtype
+        """Warp (tile, part) multiplies 16 x 16 fragments of the operand (row-major: staged, or the
+        state in global memory) and of the weight columns (column-major: k contiguous) into its tile's
+        ``frags`` accumulators, fp32, each operand fragment feeding all of them, and stores its tile to
+        part[part][row * ldc + column]; warps without a tile store zeros to the spare fragments."""
+        S, i, F, dtype = g.split, g.index, g.frags, self.p.dtype
         warp = "p_tx // 32"
         work = warp if g.rounds == 1 else f"(p_t * {g.workers} + {warp})"
         part, tile = f"{work} % {S}", f"{work} // {S}"
-        row, col = f"{tile} // {g.ldc // FRAG} * {FRAG}", f"{tile} % {g.ldc // FRAG} * {FRAG}"
+        row, col = f"{tile} // {g.ldc // g.tn} * {FRAG}", f"{tile} % {g.ldc // g.tn} * {g.tn}"
         k = f"(p_c * {S} + {part}) * {FRAG}"
 
-        def load(frag, buffer, first, stride, layout):
-            pointer = f'{buffer}.access_ptr("r", ptr_type="{dtype}", offset=({first}) * {stride} + {k})'
-            return (f"    T.evaluate(T.tvm_load_matrix_sync({frag}.data, 16, 16, 16, 0, {pointer}, {stride}, "
+        def load(frag, buffer, offset, stride, layout):
+            pointer = f'{buffer}.access_ptr("r", ptr_type="{dtype}", offset={offset})'
+            return (f"T.evaluate(T.tvm_load_matrix_sync({frag}.data, 16, 16, 16, 0, {pointer}, {stride}, "
                     f'"{layout}", dtype="void"))')
 
-        compute = [f"for p_c in range({g.chunks}):",
-                   load("a_f", a.name, row, a.stride, "row_major"),
-                   load("b_f", f"w_s{i}", col, g.stride, "col_major"),
-                   "    T.evaluate(T.tvm_mma_sync(acc_f.data, 0, a_f.data, 0, b_f.data, 0, acc_f.data, 0, "
+        if self.staged:
+            a = self.operands[i]
+            source, load_a = a.name, load("a_f", a.name, f"({row}) * {a.stride} + {k}", a.stride, "row_major")
+        else:  # each fragment straight from global memory (a deeper ring of them in flight: no faster)
+            source, load_a = g.view, load("a_f", g.view, f"({self.global_row(row)}) * {g.K} + {k}", g.K, "row_major")
+        compute = [f"for p_c in range({g.chunks}):", f"    {load_a}",
+                   f"    for p_f in T.unroll({F}):",
+                   "        " + load("b_f", f"w_s{i}", f"({col} + p_f * {FRAG}) * {g.stride} + {k}", g.stride,
+                                     "col_major"),
+                   "        T.evaluate(T.tvm_mma_sync(acc_f.data, p_f, a_f.data, 0, b_f.data, 0, acc_f.data, p_f, "
                    'dtype="void"))']
         target = f"{part} * {g.partial_stride} + ({row}) * {g.ldc} + {col}"
         if g.idle:
             compute = [f"if {work} < {g.tiles * S}:", *indent(compute, 4).splitlines()]
             target = f"T.if_then_else({work} < {g.tiles * S}, {target}, {S * g.partial_stride})"
-        lines = ['T.evaluate(T.tvm_fill_fragment(acc_f.data, 16, 16, 16, 0, T.float32(0), dtype="void"))', *compute,
-                 f'T.evaluate(T.tvm_store_matrix_sync(acc_f.data, 16, 16, 16, 0, part{i}.access_ptr("w", '
-                 f'ptr_type="float32", offset={target}), {g.ldc}, "row_major", dtype="void"))']
+        lines = [f"for p_f in T.unroll({F}):",
+                 '    T.evaluate(T.tvm_fill_fragment(acc_f.data, 16, 16, 16, p_f, T.float32(0), dtype="void"))',
+                 *compute,
+                 f"for p_f in T.unroll({F}):",
+                 f'    T.evaluate(T.tvm_store_matrix_sync(acc_f.data, 16, 16, 16, p_f, part{i}.access_ptr("w", '
+                 f'ptr_type="float32", offset={target} + p_f * {FRAG}), {g.ldc}, "row_major", dtype="void"))']
         if g.rounds > 1:
             lines = [f"for p_t in range({g.rounds}):", *indent(lines, 4).splitlines()]
         # its own block: TVM cannot infer what the fragment calls read and write (pointers)
         size = {name: n for name, n, *_ in self.buffers()}
-        fragments = [f'{name} = T.sblock_alloc_buffer(({FRAG * FRAG},), "{dt}", scope="wmma.{scope}")'
-                     for name, dt, scope in (("a_f", dtype, "matrix_a"), ("b_f", dtype, "matrix_b"),
-                                             ("acc_f", "float32", "accumulator"))]
+        read = f"{source}[0:{size[source]}]" if self.staged else f"{source}[0:{self.p.batch}, 0:{g.K}]"
+        fragments = [f'{name} = T.sblock_alloc_buffer(({n * FRAG * FRAG},), "{dt}", scope="wmma.{scope}")'
+                     for name, n, dt, scope in (("a_f", 1, dtype, "matrix_a"), ("b_f", 1, dtype, "matrix_b"),
+                                                ("acc_f", F, "float32", "accumulator"))]
         return [f'with T.sblock("tensor_core_gemm{i}"):',
-                f"    T.reads({a.name}[0:{size[a.name]}], w_s{i}[0:{size[f'w_s{i}']}])",
+                f"    T.reads({read}, w_s{i}[0:{size[f'w_s{i}']}])",
                 f"    T.writes(part{i}[0:{size[f'part{i}']}])",
                 *indent(fragments + lines, 4).splitlines()]
 
@@ -501,7 +577,8 @@ class _Kernel:
             operand = self.operands[i]
             a = f"{operand.name}[({row}) * {operand.stride} + {k}]"
         else:  # read from global memory, clamped: past the batch or K the weights or results are unused
-            a = substitute(g.operand, {"p_row": f"T.min({row}, {g.B - 1})", "p_k": f"T.min({k}, {g.K - 1})"})
+            a = substitute(g.operand, {"p_row": self.global_row(f"T.min({row}, {g.B - 1})"),
+                                       "p_k": f"T.min({k}, {g.K - 1})"})
         vec = "T.vectorized" if self.staged else "T.unroll"
         compute = [
             f"for p_c in range({g.chunks}):",
@@ -529,11 +606,11 @@ class _Kernel:
     def elementwise_text(self, run) -> list[str]:
         """Consecutive elementwise blocks in one loop over the block's (row, unit) items: the gate
         math they share is written once per thread and the compiler computes it once."""
-        B, U, NT = self.p.batch, self.units, self.threads
+        B, U, NT = self.rows, self.units, self.threads
         work = f"(p_r * {NT} + p_tx)"
-        row, ul = f"{work} // {U}", f"{work} % {U}"
-        stores = [f"{name}[{row}, p_bx * {U} + {ul}] = "
-                  + substitute(value, {ivs[0]: row, ivs[1]: f"p_bx * {U} + {ul}", "p_ul": ul})
+        local, ul = f"{work} // {U}", f"{work} % {U}"
+        row, unit = self.global_row(local), f"{self.first_unit} + {ul}"
+        stores = [f"{name}[{row}, {unit}] = " + substitute(value, {ivs[0]: row, ivs[1]: unit, "p_lr": local, "p_ul": ul})
                   for _, name, ivs, value in run]
         return [f"for p_r in range({-(-B * U // NT)}):", f"    if {work} < {B * U}:",
                 *indent(stores, 8).splitlines()]
@@ -551,7 +628,7 @@ class _Kernel:
         if self.staged:
             out += [(a.name, a.rows * a.stride, a.dtype, "shared.dyn")
                     for a in dict.fromkeys(self.operands.values())]
-        out += [(f"x_s{i}", self.p.batch * C, "float32", "shared.dyn") for i, _, C in self.hoisted]
+        out += [(f"x_s{i}", self.rows * C, "float32", "shared.dyn") for i, _, C in self.hoisted]
         out = [(name, _round_up(size, SHARED_GRANULE // BYTES[dtype]), dtype, scope)
                for name, size, dtype, scope in out]
         # registers: the split-K sum's chains, the FFMA tile (the WMMA fragments: tensor_core_text)
@@ -581,7 +658,7 @@ class _Kernel:
         block reads what others wrote."""
         lines, stored, run = [], False, []
         for i, name, C in self.hoisted:  # read after the first GEMM's syncs
-            lines += self.flat(self.p.batch * C, partial(self.prefetch, i, name, C), STAGING_UNROLL)
+            lines += self.flat(self.rows * C, partial(self.prefetch, i, name, C), STAGING_UNROLL)
         for b in self.blocks + [None]:
             if b is not None and not isinstance(b, _Gemm):
                 run.append(b)
@@ -620,8 +697,8 @@ _analysed: dict[int, tuple] = {}
 
 def _step_blocks(program):
     """The step's blocks in order, knob-independent (cached: the tuner checks many knob settings):
-    ("gemm", Gemm, ivs, operand as text of (p_row, p_k), the operand's dtype) or ("elementwise",
-    buffer, ivs, value). None when the step has math a block cannot do on its own units: a cell's
+    ("gemm", Gemm, ivs, operand as text of (p_row, p_k), the operand's dtype, the state view it is
+    where it is one as stored at (row, k), else None) or ("elementwise", buffer, ivs, value, None, None). None when the step has math a block cannot do on its own units: a cell's
     own reduction, a GEMM whose columns are not whole gates, a block not over (B, H), no step GEMM."""
     hit = _analysed.get(id(program))
     if hit is not None and hit[0] is program:
@@ -646,16 +723,20 @@ def _step_blocks(program):
             # staged in its storage dtype: a state's fp16/bf16 copy, not its float32 view
             if type(operand).__name__ == "Cast" and type(operand.value).__name__ in ("BufferLoad", "TensorLoad"):
                 operand = operand.value
+            view = None
+            if type(operand).__name__ in ("BufferLoad", "TensorLoad") and \
+                    [str(i) for i in operand.indices] == [ivs[0], ivs[2]]:
+                view = operand.source.name
             text = re.sub(r"\b(\w+)\[", lambda m: f"{seq.get(m.group(1), m.group(1))}[", str(operand))
             rows = {ivs[0]: "p_row", ivs[2]: "p_k"}
             if any(f"{s}_seq[" in text for s in program.cell.states):  # a state's view: its sequence's rows
                 rows[ivs[0]] = f"t * {B} + p_row"
-            blocks.append(("gemm", gemm, ivs, substitute(text, rows), str(operand.ty)))
+            blocks.append(("gemm", gemm, ivs, substitute(text, rows), str(operand.ty), view))
         elif is_reduction(sch, b) or extents != [B, H]:
             blocks = None
             break
         else:
-            blocks.append(("elementwise", store.buffer.name, ivs, str(store.value), None))
+            blocks.append(("elementwise", store.buffer.name, ivs, str(store.value), None, None))
     if blocks is not None and not any(b[0] == "gemm" for b in blocks):
         blocks = None  # nothing to keep on chip: the step loop runs it
     if len(_analysed) > 16:
@@ -667,7 +748,7 @@ def _step_blocks(program):
 def _on_chip(value: str, ivs, gemms, hoisted, H: int, U: int) -> str | None:
     """The elementwise math's reads of GEMM results and of the hoisted input projection at the own
     row and a gate column of the own unit (``unit + gate * H``), re-indexed into their shared buffers:
-    local column gate * U + the unit's place in the block (``p_ul``). None when it reads a step GEMM's
+    the row's place in the block (``p_lr``), local column gate * U + the unit's place (``p_ul``). None when it reads a step GEMM's
     result anywhere else; other input-projection reads stay global."""
     row, unit = ivs
 
@@ -676,7 +757,7 @@ def _on_chip(value: str, ivs, gemms, hoisted, H: int, U: int) -> str | None:
             column = int(m.group(1) or 0)
             if column % H:
                 return m.group(0)
-            return f"{shared}[{row} * {columns} + {column // H * U} + p_ul]"
+            return f"{shared}[p_lr * {columns} + {column // H * U} + p_ul]"
 
         return re.sub(rf"\b{buffer}\[{row}, {unit}(?: \+ (\d+))?\]", gate, value)
 

@@ -44,7 +44,7 @@ class Buffer:
         return key
 
     def __getitem__(self, idx):
-        if isinstance(idx, slice):  # a region in T.reads / T.writes
+        if any(isinstance(i, slice) for i in (idx if isinstance(idx, tuple) else (idx,))):  # T.reads' region
             return None
         key = self._key(idx)
         self.memory.access(self.name, key, self.shared)
@@ -63,10 +63,11 @@ class Buffer:
 
 
 class Fragment:
-    """A WMMA fragment: one 16 x 16 tile a thread (each lane of the warp holds the whole tile here)."""
+    """WMMA fragments: 16 x 16 tiles, as many as the allocation holds (each lane of the warp holds
+    the whole tile here)."""
 
-    def __init__(self, *_, **__):
-        self.tile = np.full((16, 16), np.nan)
+    def __init__(self, shape, *_, **__):
+        self.tiles = np.full((shape[0] // 256, 16, 16), np.nan)
 
     @property
     def data(self):
@@ -74,10 +75,12 @@ class Fragment:
 
 
 def tile(pointer, ldm, layout):
-    """The 16 x 16 tile a WMMA load reads or a store writes: (buffer, flat index of (r, c)) pairs."""
+    """The 16 x 16 tile a WMMA load reads or a store writes: (buffer, index of (r, c), r, c); a flat
+    offset into a 2-D buffer (a state in global memory) becomes (row, column)."""
     buffer, offset = pointer
     at = (lambda r, c: offset + r * ldm + c) if layout == "row_major" else (lambda r, c: offset + c * ldm + r)
-    return [(buffer, at(r, c), r, c) for r in range(16) for c in range(16)]
+    columns = buffer.array.shape[1] if buffer.array.ndim == 2 else None
+    return [(buffer, divmod(at(r, c), columns) if columns else at(r, c), r, c) for r in range(16) for c in range(16)]
 
 
 class T:
@@ -114,18 +117,18 @@ class T:
 
     @staticmethod
     def tvm_fill_fragment(frag, m, n, k, index, value, dtype=None):
-        frag.tile[:] = value
+        frag.tiles[index] = value
 
     @staticmethod
     def tvm_load_matrix_sync(frag, m, n, k, index, pointer, ldm, layout, dtype=None):
         for buffer, i, r, c in tile(pointer, ldm, layout):
-            frag.tile[r, c] = buffer[i]
+            frag.tiles[index, r, c] = buffer[i]
 
     @staticmethod
     def tvm_mma_sync(d, di, a, ai, b, bi, c, ci, dtype=None):
-        d.tile[:] = a.tile @ b.tile + c.tile
+        d.tiles[di] = a.tiles[ai] @ b.tiles[bi] + c.tiles[ci]
 
     @staticmethod
     def tvm_store_matrix_sync(frag, m, n, k, index, pointer, ldm, layout, dtype=None):
         for buffer, i, r, c in tile(pointer, ldm, layout):
-            buffer[i] = frag.tile[r, c]
+            buffer[i] = frag.tiles[index, r, c]

@@ -163,17 +163,37 @@ def test_tensor_cores_pruned_where_they_cannot_run():
     for program, target in ((_program(), H100), (_program(dtype="bfloat16"), CudaTarget("sm_75", sms=40))):
         assert not recipe.defaults(program, target)["tensor_cores"]
         assert all(not k["tensor_cores"] for k in recipe.space(program, target))
-    # B=64, H=1024 fp16: 32 columns x 1024 weights and the 64 x 1024 operand fit (214 KB); B=256 not
+    # B=64, H=1024 fp16: 32 columns x 1024 weights and the 64 x 1024 operand fit (214 KB); at B=256
+    # the operand does not: its fragments are loaded from global memory
     wide = _program(batch=64, hidden=1024, dtype="float16")
     assert recipe.defaults(wide, H100)["tensor_cores"] and _Kernel.plan(wide, H100, recipe.defaults(wide, H100)).staged
     wider = _program(batch=256, hidden=1024, dtype="float16")
-    assert not recipe.valid(wider, H100, {**recipe.defaults(wider, H100), "tensor_cores": True})
-    assert not recipe.defaults(wider, H100)["tensor_cores"] and recipe.is_applicable(wider, H100)
-    # on tensor cores the register tile changes nothing: one candidate, not one per tile
+    assert recipe.defaults(wider, H100)["tensor_cores"]
+    assert not _Kernel.plan(wider, H100, recipe.defaults(wider, H100)).staged
+    # ... which a computed operand (ResetBeforeGRU's r * h, rounded to fp16) cannot be
+    gru = _program(halstm.ResetBeforeGRU, batch=256, hidden=1024, dtype="float16")
+    assert not recipe.valid(gru, H100, {**recipe.defaults(gru, H100), "tensor_cores": True})
+    assert not recipe.defaults(gru, H100)["tensor_cores"] and recipe.is_applicable(gru, H100)
+    # on tensor cores the register tile changes nothing, on FFMA warp_frags: one candidate each
     program = _program(dtype="float16")
-    settings = [tuple(v for n, v in k.items() if n not in ("tile_rows", "tile_cols"))
-                for k in recipe.space(program, H100) if k["tensor_cores"]]
-    assert settings and len(settings) == len(set(settings))
+    for tensor_cores, moot in ((True, ("tile_rows", "tile_cols")), (False, ("warp_frags",))):
+        settings = [tuple(v for n, v in k.items() if n not in moot)
+                    for k in recipe.space(program, H100) if k["tensor_cores"] == tensor_cores]
+        assert settings and len(settings) == len(set(settings))
+
+
+def test_streaming_defaults_split_the_batch_over_the_sms():
+    """Where the operand does not fit (fp16 B >= 128, H=1024): the largest grid, in it the fewest unit
+    groups (16 units in 2 row blocks: 128 blocks, as 8 units in 1), 4 fragments a warp; staged B=64
+    keeps one row block and one fragment."""
+    recipe = CudaPersistent()
+    for batch in (256, 128):
+        program = _program(batch=batch, hidden=1024, dtype="float16")
+        k = recipe.defaults(program, H100)
+        assert (k["units"], k["row_blocks"], k["warp_frags"]) == (16, 2, 4)
+        assert recipe.streams(program, H100)
+    k = recipe.defaults(_program(batch=64, hidden=1024, dtype="float16"), H100)
+    assert (k["units"], k["row_blocks"], k["warp_frags"]) == (8, 1, 1)
 
 
 def test_shared_buffers_start_32_byte_aligned():
@@ -290,6 +310,20 @@ def test_compiles(cell, dtype, tmp_path):
 
 
 @NVCC
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_streamed_operand_compiles(dtype, tmp_path):
+    """B=256, H=1024: the operand's fragments straight from global memory, 4 accumulators a warp
+    (WMMA's loads take a global pointer); the batch over 2 blocks a unit group."""
+    c = halstm.LSTM(1024, 1024)
+    knobs = {"units": 16, "row_blocks": 2}
+    f = halstm.compile(c, 2, 256, dtype, target=H100, recipe="cuda-persistent", knobs=knobs)
+    source = f.module.imports[0].inspect_source()
+    assert re.search(r"load_matrix_sync\(a_f_ptr\w*\[0\], \(&\(h_seq_ptr\[", source)
+    assert "acc_f_ptr[4];" in source and "a_s1" not in source
+    _ptxas([_persistent_kernel(source, "streamed")], tmp_path)
+
+
+@NVCC
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_register_tile_stays_in_registers(dtype, tmp_path):
     """ptxas: no stack frame (the tile's arrays are registers, not local memory). Cells with two grid
@@ -320,7 +354,7 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
     returns the output sequence (T, B, H) and the final states, as the compiled function does."""
     rng = np.random.default_rng(seed)
     program = halstm.lower(cell, steps=steps, batch=batch, dtype=dtype)
-    kernel = _Kernel.plan(program, target, knobs)
+    kernel = _Kernel.plan(program, target, CudaPersistent().resolve(program, target, knobs))
     kernel.staged = staged and kernel.staged
     x, params, states = (upcast(d) if isinstance(d, dict) else np.float64(d)
                          for d in random_inputs(cell, steps, batch, rng))
@@ -375,6 +409,7 @@ EMULATED = [  # (B, I, H, knobs): ragged K (H=10: not whole vectors), tiles past
     (1, 4, 12, {"threads": 32, "units": 3, "tile_rows": 1, "tile_cols": 4, "max_split": 32}),
     (4, 6, 8, {"threads": 64, "units": 2, "tile_rows": 4, "tile_cols": 4, "max_split": 2}),
     (4, 3, 8, {"threads": 16, "units": 2, "tile_rows": 1, "tile_cols": 1, "max_split": 2}),  # tiles > threads
+    (6, 5, 8, {"threads": 32, "units": 4, "tile_rows": 2, "tile_cols": 2, "max_split": 4, "row_blocks": 3}),
 ]
 TENSOR_CORES = [  # (B, I, H, units, threads): the batch padded to 16 rows, columns to 16, ragged K; split-K
     # over the warps; more tiles than warps (3 warps, 4 tiles: two rounds, idle warps in the second)
@@ -409,6 +444,28 @@ def test_emulated_tensor_core_text_matches_reference_without_races(cell, shape):
     B, I, H, units, threads = shape
     knobs = {"threads": threads, "units": units, "tile_rows": 1, "tile_cols": 1, "max_split": 32, "tensor_cores": True}
     _check_emulation(cell, B, I, H, knobs)
+
+
+STREAMED = [  # (B, I, H, knobs): tensor cores loading the operand's fragments from global memory; the batch
+    # over 2 blocks a unit group; 2 fragments a warp, split-K over the warps; more tiles than warps
+    (32, 7, 32, {"threads": 64, "units": 8, "row_blocks": 2, "warp_frags": 2}),
+    (48, 5, 16, {"threads": 32, "units": 4, "row_blocks": 1, "warp_frags": 4}),
+    # 4 chunks of K (GRU: 3 fragments a warp)
+    (16, 5, 64, {"threads": 32, "units": 16, "row_blocks": 1, "warp_frags": 4}),
+]
+
+
+@pytest.mark.parametrize("shape", STREAMED, ids=lambda s: "B{}-I{}-H{}".format(*s[:3]))
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+def test_emulated_streamed_tensor_core_text_matches_reference_without_races(cell, shape):
+    B, I, H, knobs = shape
+    knobs = {**knobs, "max_split": 32, "tensor_cores": True, "stage_operand": False}
+    program = _program(cell, batch=B, hidden=H, inputs=I)
+    kernel = _Kernel.plan(program, H100, CudaPersistent().resolve(program, H100, knobs))
+    assert not kernel.staged and kernel.grid == H // knobs["units"] * knobs["row_blocks"]
+    gemm = next(b for b in kernel.blocks if isinstance(b, _Gemm))
+    assert gemm.frags == max(f for f in range(1, knobs["warp_frags"] + 1) if gemm.ldc // 16 % f == 0)
+    _check_emulation(cell, B, I, H, knobs, staged=False)
 
 
 def test_emulated_gemms_sharing_one_staged_operand_match_reference():
@@ -475,6 +532,9 @@ def test_other_knobs_match_reference_on_gpu(knobs, rng):
     (20, 64, {"tensor_cores": True, "units": 8, "threads": 64}),  # 2 x 2 tiles for 2 warps: two rounds
     (32, 256, {"tensor_cores": True, "threads": 512}),  # split-K over 16 warps
     (32, 256, {"tc_hoisted_frags": 4}),  # the hoisted GEMM in 128 x 128 tiles, its C tile in 66 KiB
+    # the operand's fragments from global memory (ResetBeforeGRU's r * h: staged), the batch over 2
+    # blocks a unit group, 4 fragments a warp
+    (32, 256, {"tensor_cores": True, "stage_operand": False, "row_blocks": 2, "units": 8, "warp_frags": 4}),
 ], ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)

@@ -55,16 +55,20 @@ def test_cpu_search_space_prunes_spilling_and_ragged_tiles():
 
 
 def test_gpu_recipe_preference_follows_the_measured_sizes():
-    """Persistent kernel first up to B=64, fp32 and fp16 (H100, docs/gpu-results.md)."""
+    """Persistent kernel first up to B=64, fp32 and fp16, and above where it streams the step's operand
+    on tensor cores (fp16 B=256, H=1024; not ResetBeforeGRU, whose r * h cannot stream) (H100,
+    docs/gpu-results.md)."""
     from halstm.targets import CudaTarget
 
     h100 = CudaTarget("sm_90", sms=132)
 
-    def first(batch, hidden, dtype):
-        return recipes_for(halstm.lower(halstm.LSTM(hidden, hidden), 2, batch, dtype), h100)[0].name
+    def first(batch, hidden, dtype, cell=halstm.LSTM):
+        return recipes_for(halstm.lower(cell(hidden, hidden), 2, batch, dtype), h100)[0].name
 
     assert first(64, 1024, "float32") == first(64, 512, "float16") == first(64, 1024, "float16") == "cuda-persistent"
-    assert first(128, 256, "float32") == first(256, 1024, "float16") == "cuda-step-loop"
+    assert first(256, 1024, "float16") == first(256, 1024, "bfloat16", halstm.GRU) == "cuda-persistent"
+    assert first(128, 256, "float32") == first(256, 1024, "float32") == "cuda-step-loop"
+    assert first(256, 1024, "float16", halstm.ResetBeforeGRU) == first(256, 512, "float16") == "cuda-step-loop"
     cpu = halstm.lower(halstm.LSTM(1024, 1024), 2, 64, "float16")
     assert [r.name for r in recipes_for(cpu, TARGET)] == ["cpu-step-loop"]
 
