@@ -77,8 +77,8 @@ SHARED_GRANULE = 32
 # step GEMMs of both recipes on tensor cores, fp16 at B=64, H=1024 2.2-5.3 ms against 2.7-7.1 and
 # (512, 64, 512) 3.7-9.0 against 7.9-19.8 (sixth run). Above it the recipe goes first only where its
 # step GEMM streams the operand on tensor cores (``CudaPersistent.streams``): fp16 B=256, H=1024
-# LSTM 2.81-2.89 ms against the step loop's 3.00-3.18, GRU 2.37 against 2.65-2.72 (twelfth run). A
-# size rule only; the tuner measures both.
+# LSTM 2.78-2.89 ms against the step loop's 2.99-3.18, GRU 2.32-2.37 against 2.59-2.72,
+# PeepholeLSTM 2.82 against 3.07 (twelfth run). A size rule only; the tuner measures both.
 PREFERRED_MAX_BATCH = 64
 
 VECTOR = 4  # k a thread moves at once: operand staging, and shared memory to registers in the GEMM
@@ -121,8 +121,8 @@ class CudaPersistent(Recipe):
         """The fewest units that keep the grid within the SMs (the largest grid); the largest row tile
         within the batch; the largest column tile that divides the block's columns; tensor cores
         where the dtype and arch allow them and the batch fills a fragment's 16 rows; the hoisted
-        GEMM's fragments as the step loop's. Where the operand then does not fit in shared memory and
-        tensor cores stream it: the batch over row blocks too (``_streaming``)."""
+        GEMM's fragments as the step loop's. On tensor cores the batch over row blocks too
+        (``_row_blocks``)."""
         H, B = program.cell.hidden_size, program.batch
         k = super().defaults(program, target)
         k["tc_hoisted_frags"] = CudaStepLoop().defaults(program, target)["tc_hoisted_frags"]
@@ -131,8 +131,8 @@ class CudaPersistent(Recipe):
         k["tensor_cores"] = tensor_cores_available(program.dtype, target) and B >= TENSOR_CORE_MIN_ROWS
         if k["tensor_cores"] and not self.valid(program, target, k):  # the operand does not fit on chip
             k["tensor_cores"] = False
-        if k["tensor_cores"] and not _Kernel.plan(program, target, k).staged:
-            k |= _streaming(self, program, target, k)
+        if k["tensor_cores"]:
+            k = _row_blocks(self, program, target, k)
         return k
 
     def streams(self, program, target) -> bool:
@@ -202,18 +202,22 @@ class CudaPersistent(Recipe):
         return sch
 
 
-def _streaming(recipe, program, target, knobs) -> dict:
-    """Units, row blocks and fragments where the defaults' operand does not fit in shared memory:
-    the largest grid, and in it the fewest unit groups (each block reads its B / row_blocks rows of
-    the operand every step: fewer groups read less), 4 fragments a warp. H100, LSTM fp16 (100, 256,
-    1024), twelfth run: 16 units in 2 row blocks (128 blocks) 2.81-2.89 ms; 8 units, 1 row block
-    (these defaults before) 4.17-4.29; 4 fragments a warp against 2: 2.83 / 3.85 ms."""
+def _row_blocks(recipe, program, target, knobs) -> dict:
+    """Units and row blocks on tensor cores: the largest grid, and in it the fewest unit groups (each
+    block reads its B / row_blocks rows of the operand every step: fewer groups read less), at least
+    two fragments of rows a block; 4 fragments a warp where the operand streams from global memory.
+    H100, fp16, T=100, twelfth run, ms, these defaults / the fewest units in one row block:
+    (B, H) = (64, 1024) LSTM 0.929 / 1.012, GRU 0.862 / 0.972, ResetBeforeGRU 1.033 / 1.390 (16 units x
+    2 row blocks); (64, 512) LSTM 2.189 / 2.506 (8 x 2); (256, 1024), streamed, LSTM 2.81-2.89 / 4.17-4.29
+    (16 x 2; 2 fragments a warp 3.85)."""
     H, B = program.cell.hidden_size, program.batch
-    settings = [{**knobs, "units": u, "row_blocks": p, "warp_frags": max(recipe.knobs["warp_frags"])}
-                for u in range(knobs["units"], H + 1) if H % u == 0
-                for p in recipe.knobs["row_blocks"] if B % (p * FRAG) == 0]
-    settings = [k for k in settings if recipe.runs(program, target, k)]
-    return max(settings, key=lambda k: (H // k["units"] * k["row_blocks"], k["units"]), default=knobs)
+    settings = [{**knobs, "units": u, "row_blocks": p} for u in range(knobs["units"], H + 1) if H % u == 0
+                for p in recipe.knobs["row_blocks"] if p == 1 or B % (2 * p * FRAG) == 0]
+    best = max((k for k in settings if recipe.runs(program, target, k)),
+               key=lambda k: (H // k["units"] * k["row_blocks"], k["units"]), default=knobs)
+    if not _Kernel.plan(program, target, best).staged:
+        best["warp_frags"] = max(recipe.knobs["warp_frags"])
+    return best
 
 
 def _prologue_knobs(program, target, knobs) -> dict:

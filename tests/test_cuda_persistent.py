@@ -70,13 +70,13 @@ def test_shared_buffers_are_never_placed_over_each_other(cell, batch, hidden):
     assert kernel.shared_bytes() <= _allocated_shared_bytes(program) <= H100.shared_memory
 
 
-def _allocated_shared_bytes(program) -> int:
+def _allocated_shared_bytes(program, **knobs) -> int:
     """The persistent kernel's (the one that grid-syncs: not the prologue's GEMM) dynamic shared
-    memory, defaults on an H100, as TVM's lowering merges it."""
+    memory on an H100 (defaults but ``knobs``), as TVM's lowering merges it."""
     from tvm.tirx.build import split_host_device_mods
 
     target = H100.tvm_target
-    mod = tvm.tirx.transform.BindTarget(target)(CudaPersistent().apply(program, H100).mod)
+    mod = tvm.tirx.transform.BindTarget(target)(CudaPersistent().apply(program, H100, **knobs).mod)
     _, devices = split_host_device_mods(tvm.tirx.get_default_tir_pipeline(target)[0](mod))
     (text,) = [t for t in (f.script() for m in devices.values() for f in m.functions.values()) if "grid_sync" in t]
     (size,) = re.findall(r'buf_dyn_shmem = T.alloc_buffer\(\((\d+),\), "uint8", scope="shared.dyn"\)', text)
@@ -87,13 +87,14 @@ def test_reset_before_gru_stages_one_operand_for_both_gemms():
     """ResetBeforeGRU at B=64, H=1024 fp16: its two step GEMMs (h, then r * h after a grid sync) stage
     their 129 KiB operands one after the other in one buffer; with two they took 352.5 KiB, beyond
     the 227 KiB, and the GEMMs fell back to FFMA with the operand in global memory. Now on tensor
-    cores, in the 223.5 KiB that TVM allocates."""
+    cores, in the 223.5 KiB that TVM allocates (8 units, one row block: the defaults before row blocks)."""
     program = _program(halstm.ResetBeforeGRU, batch=64, hidden=1024, dtype="float16", inputs=32)
-    knobs = CudaPersistent().defaults(program, H100)
+    old = {"units": 8, "row_blocks": 1}
+    knobs = CudaPersistent().resolve(program, H100, old)
     kernel = _Kernel.plan(program, H100, knobs)
     assert knobs["tensor_cores"] and kernel.staged
     assert [name for name, *_ in kernel.buffers() if name.startswith("a_s")] == ["a_s1"]
-    assert kernel.shared_bytes() == _allocated_shared_bytes(program) == 228864 <= H100.shared_memory
+    assert kernel.shared_bytes() == _allocated_shared_bytes(program, **old) == 228864 <= H100.shared_memory
     _, source = _generate(halstm.ResetBeforeGRU(32, 1024), 2, 64, "float16")
     assert source.count("wmma::mma_sync(") == 2
 
@@ -182,18 +183,17 @@ def test_tensor_cores_pruned_where_they_cannot_run():
         assert settings and len(settings) == len(set(settings))
 
 
-def test_streaming_defaults_split_the_batch_over_the_sms():
-    """Where the operand does not fit (fp16 B >= 128, H=1024): the largest grid, in it the fewest unit
-    groups (16 units in 2 row blocks: 128 blocks, as 8 units in 1), 4 fragments a warp; staged B=64
-    keeps one row block and one fragment."""
-    recipe = CudaPersistent()
-    for batch in (256, 128):
-        program = _program(batch=batch, hidden=1024, dtype="float16")
-        k = recipe.defaults(program, H100)
-        assert (k["units"], k["row_blocks"], k["warp_frags"]) == (16, 2, 4)
-        assert recipe.streams(program, H100)
-    k = recipe.defaults(_program(batch=64, hidden=1024, dtype="float16"), H100)
-    assert (k["units"], k["row_blocks"], k["warp_frags"]) == (8, 1, 1)
+@pytest.mark.parametrize("batch, hidden, units, row_blocks, staged", [
+    (256, 1024, 16, 2, False), (128, 1024, 16, 2, False), (64, 1024, 16, 2, True), (64, 512, 8, 2, True),
+    (32, 512, 4, 1, True), (16, 512, 4, 1, True)])
+def test_defaults_split_the_batch_over_row_blocks(batch, hidden, units, row_blocks, staged):
+    """On tensor cores: the largest grid, in it the fewest unit groups, at least 32 rows a block (at
+    B=64, H=512 16 units in 4 row blocks would give 16); 4 fragments a warp where the operand
+    streams."""
+    recipe, program = CudaPersistent(), _program(batch=batch, hidden=hidden, dtype="float16")
+    k = recipe.defaults(program, H100)
+    assert (k["units"], k["row_blocks"], k["warp_frags"]) == (units, row_blocks, 1 if staged else 4)
+    assert _Kernel.plan(program, H100, k).staged == staged and recipe.streams(program, H100) == (not staged)
 
 
 def test_shared_buffers_start_32_byte_aligned():
