@@ -329,6 +329,7 @@ def main():
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
                     help="processes compiling halstm functions")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     target = CudaTarget.detect()
     print(target, flush=True)
     shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else []
