@@ -1,11 +1,12 @@
 """CUDA persistent-kernel recipe: one cooperative launch runs all T steps.
 
-Block ``bx`` owns hidden units [bx * U, bx * U + U) (U divides H, H / U blocks <= SMs, one block per
-SM, so the grid is co-resident). Before the time loop it copies the C = gates * U columns of the packed
-recurrent weights that feed its units into shared memory, k contiguous per column, in their storage
-dtype. Then per step and stage:
+Block ``bx`` owns hidden units [g * U, g * U + U), g = bx % (H / U), and rows [r * R, r * R + R) of
+the batch, r = bx // (H / U), R = B / row_blocks (U divides H, H / U x row_blocks blocks <= SMs, one
+block per SM, so the grid is co-resident). Before the time loop it copies the C = gates * U columns of
+the packed recurrent weights that feed its units into shared memory, k contiguous per column, in their
+storage dtype. Then per step and stage:
 
-    stage the operand     the B x K rows the step GEMM reads (h, written by every block before the
+    stage the operand     the R x K rows the step GEMM reads (h, written by every block before the
                           grid sync) into shared memory, all threads, VECTOR elements at a time
                           (read from global memory in the GEMM where it does not fit beside the
                           weights; one buffer a dtype serves the step's GEMMs one after the other);
@@ -17,10 +18,12 @@ dtype. Then per step and stage:
                           consecutive chunks; more tiles than threads: in rounds); each thread's
                           tile to shared memory
     __syncthreads
-      or on tensor cores  (fp16/bf16, knob "tensor_cores") warp (tile, part): a 16 x 16 output tile
-                          in a WMMA accumulator, over the 16-wide k fragments part, part + S, ...
-                          (S split-K parts over the warps; the batch padded to 16 rows with zeros,
-                          the columns to 16), stored to shared memory (store_matrix_sync)
+      or on tensor cores  (fp16/bf16, knob "tensor_cores") warp (tile, part): a 16 x 16F output tile
+                          in F WMMA accumulators (knob "warp_frags"), over the 16-wide k fragments
+                          part, part + S, ... (S split-K parts over the warps; the batch padded to 16
+                          rows with zeros, the columns to 16), each operand fragment (staged, or where
+                          it does not fit loaded straight from the state in global memory) feeding
+                          the F mma; stored to shared memory (store_matrix_sync)
     __syncthreads
     split-K sum           one thread per output adds the S partial tiles (when S > 1); __syncthreads
     fused elementwise     the expression of the cell's own block, printed from the step program, its
@@ -33,7 +36,10 @@ with a global load of h per multiply-add, took 17-24 us a step at B=16, H=512 (c
 7.6 us a step for the kernel itself (ncu, sixth run). What is left at B=16 is a chain of latencies:
 the grid sync, the operand's L2 round trip, the __syncthreads, the elementwise math's global loads.
 Prefetching the states that math reads at the block's units (LSTM's c) with the input projection
-measured no faster (eleventh run, run 26): that load is not on the critical path.
+measured no faster (eleventh run, run 26): that load is not on the critical path. At B=256, H=1024
+fp16 (twelfth run) the weights take 132 of the 227 KB and the operand streams from global memory:
+2.8-2.9 ms at T=100 against cuDNN's 1.8-2.3, its 8 warps a SM mostly waiting on global loads (ncu:
+64 % of the stalls on L1TEX); a deeper ring of fragments in flight was no faster.
 
 Shared stores are never inside a condition (the shared-memory sync planner cannot handle that): loops
 over a buffer clamp the index (the spare threads repeat the last element), and threads without a tile
@@ -95,10 +101,11 @@ class CudaPersistent(Recipe):
     a cheaper grid sync, more work each); ``row_blocks`` splits the batch over that many blocks a
     unit group (the grid is H / units x row_blocks: each block stages and multiplies B / row_blocks
     rows with its weights); the register tile ``tile_rows`` x ``tile_cols`` (rows of the batch x
-    columns of the block's gates); ``stage_operand`` stages the step's operand in shared memory
-    where it fits beside the weights (else the GEMM reads it from global memory); ``max_split`` caps the split-K parts (each output then sums that
-    many partials serially); ``warp_frags`` the 16-column fragments a warp accumulates on tensor
-    cores (each operand fragment it loads feeds that many mma)."""
+    columns of the block's gates); ``max_split`` caps the split-K parts (each output then sums that
+    many partials serially); ``stage_operand`` stages the step's operand in shared memory where it
+    fits beside the weights (else the GEMM reads it from global memory); ``warp_frags`` the
+    16-column fragments a warp accumulates on tensor cores (each operand fragment it loads feeds
+    that many mma)."""
 
     name = "cuda-persistent"
     knobs = {
