@@ -262,7 +262,7 @@ class _Gemm:
     split: int  # S
     threads: int
     tensor_cores: bool = False
-    view: str | None = None  # the state view the operand is, where it is one as stored (h_t)
+    view: str | None = None  # the buffer the operand is, read as stored at (row, k): h_t, or a scratch
 
     @classmethod
     def sized(cls, index, gemm, operand, dtype, view, B, C, knobs, weights_dtype) -> _Gemm:
@@ -310,7 +310,7 @@ class _Gemm:
     @property
     def streams(self) -> bool:
         """Whether tensor cores can load the operand's fragments straight from global memory: a
-        state as stored, whole fragments of rows and of K (WMMA loads 32-byte aligned rows)."""
+        buffer read as stored, whole fragments of rows and of K (WMMA loads 32-byte aligned rows)."""
         return self.tensor_cores and self.view is not None and self.B % FRAG == 0 and self.K % FRAG == 0
 
     @property
@@ -410,7 +410,7 @@ class _Kernel:
         """None when the step has math a block cannot do on its own units (see ``_step_blocks``) or
         the block's buffers do not fit in shared memory. The operands are staged in shared memory
         where they fit (and ``stage_operand``); else read from global memory, which on tensor cores
-        needs every GEMM's operand to be a state as stored (``_Gemm.streams``)."""
+        needs every GEMM's operand to be a buffer as stored (``_Gemm.streams``)."""
         H, U = program.cell.hidden_size, knobs["units"]
         rows = program.batch // knobs["row_blocks"]
         analysed = _step_blocks(program)

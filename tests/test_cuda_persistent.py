@@ -446,8 +446,8 @@ def test_emulated_tensor_core_text_matches_reference_without_races(cell, shape):
     _check_emulation(cell, B, I, H, knobs)
 
 
-STREAMED = [  # (B, I, H, knobs): tensor cores loading the operand's fragments from global memory; the batch
-    # over 2 blocks a unit group; 2 fragments a warp, split-K over the warps; more tiles than warps
+STREAMED = [  # (B, I, H, knobs): tensor cores, the operand staged or its fragments loaded from global memory;
+    # the batch over 2 blocks a unit group; 2 fragments a warp, split-K over the warps; more tiles than warps
     (32, 7, 32, {"threads": 64, "units": 8, "row_blocks": 2, "warp_frags": 2}),
     (48, 5, 16, {"threads": 32, "units": 4, "row_blocks": 1, "warp_frags": 4}),
     # 4 chunks of K (GRU: 3 fragments a warp)
@@ -455,17 +455,18 @@ STREAMED = [  # (B, I, H, knobs): tensor cores loading the operand's fragments f
 ]
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["streamed", "staged"])
 @pytest.mark.parametrize("shape", STREAMED, ids=lambda s: "B{}-I{}-H{}".format(*s[:3]))
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
-def test_emulated_streamed_tensor_core_text_matches_reference_without_races(cell, shape):
+def test_emulated_tensor_core_row_blocks_and_fragments_match_reference_without_races(cell, shape, staged):
     B, I, H, knobs = shape
-    knobs = {**knobs, "max_split": 32, "tensor_cores": True, "stage_operand": False}
+    knobs = {**knobs, "max_split": 32, "tensor_cores": True, "stage_operand": staged}
     program = _program(cell, batch=B, hidden=H, inputs=I)
     kernel = _Kernel.plan(program, H100, CudaPersistent().resolve(program, H100, knobs))
-    assert not kernel.staged and kernel.grid == H // knobs["units"] * knobs["row_blocks"]
+    assert kernel.staged == staged and kernel.grid == H // knobs["units"] * knobs["row_blocks"]
     gemm = next(b for b in kernel.blocks if isinstance(b, _Gemm))
     assert gemm.frags == max(f for f in range(1, knobs["warp_frags"] + 1) if gemm.ldc // 16 % f == 0)
-    _check_emulation(cell, B, I, H, knobs, staged=False)
+    _check_emulation(cell, B, I, H, knobs, staged=staged)
 
 
 def test_emulated_gemms_sharing_one_staged_operand_match_reference():
