@@ -103,9 +103,9 @@ class CudaPersistent(Recipe):
     rows with its weights); the register tile ``tile_rows`` x ``tile_cols`` (rows of the batch x
     columns of the block's gates); ``max_split`` caps the split-K parts (each output then sums that
     many partials serially); ``stage_operand`` stages the step's operand in shared memory where it
-    fits beside the weights (else the GEMM reads it from global memory); ``warp_frags`` the
+    fits beside the weights (else the GEMM reads it from global memory); ``warp_frags`` caps the
     16-column fragments a warp accumulates on tensor cores (each operand fragment it loads feeds
-    that many mma)."""
+    that many mma; ``_warp_frags`` picks them)."""
 
     name = "cuda-persistent"
     knobs = {
@@ -118,7 +118,7 @@ class CudaPersistent(Recipe):
         "stage_operand": (True, False),
         # the step GEMM on tensor cores (fp16/bf16; the register tile's knobs then change nothing)
         "tensor_cores": (True, False),
-        "warp_frags": (1, 2, 4),
+        "warp_frags": (4, 1, 2),
         # the hoisted input GEMM's fragments on tensor cores, as the step loop's knob (cuda.py)
         "tc_hoisted_frags": (2, 4, 1),
     }
@@ -209,22 +209,28 @@ class CudaPersistent(Recipe):
         return sch
 
 
+def _warp_frags(row_tiles: int, frags: int, warps: int, most: int) -> int:
+    """Column fragments a warp: of the divisors of the block's ``frags`` up to ``most``, the fewest whose
+    tiles share out evenly among the warps (no warp idle), else the most. H100, fp16 T=100, twelfth run:
+    GRU (100,64,1024), 16 units x 2 row blocks, 48 columns: 1 fragment (6 tiles for 8 warps) 0.862 ms, 3
+    (2 tiles, 4 split-K parts) 0.713; LSTM there (64 columns: 8 tiles) 1 fragment 0.929; LSTM (100,256,1024)
+    streamed (8 x 4 fragments) 4 fragments 2.78-2.89, 2 3.63-3.85."""
+    options = [f for f in range(1, most + 1) if frags % f == 0]
+    return next((f for f in options if warps % (row_tiles * frags // f) == 0), options[-1])
+
+
 def _row_blocks(recipe, program, target, knobs) -> dict:
     """Units and row blocks on tensor cores: the largest grid, and in it the fewest unit groups (each
     block reads its B / row_blocks rows of the operand every step: fewer groups read less), at least
-    two fragments of rows a block; 4 fragments a warp where the operand streams from global memory.
-    H100, fp16, T=100, twelfth run, ms, these defaults / the fewest units in one row block:
-    (B, H) = (64, 1024) LSTM 0.929 / 1.012, GRU 0.862 / 0.972, ResetBeforeGRU 1.033 / 1.390 (16 units x
-    2 row blocks); (64, 512) LSTM 2.189 / 2.506 (8 x 2); (256, 1024), streamed, LSTM 2.81-2.89 / 4.17-4.29
-    (16 x 2; 2 fragments a warp 3.85)."""
+    two fragments of rows a block. H100, fp16, T=100, twelfth run, ms, these defaults / the fewest
+    units in one row block: (B, H) = (64, 1024), 16 units x 2 row blocks, LSTM 0.929 / 1.012, GRU
+    0.862 / 0.972 (1 fragment a warp both), ResetBeforeGRU 1.033 / 1.390; (64, 512), 8 x 2, LSTM
+    2.189 / 2.506; (256, 1024), streamed, 16 x 2, LSTM 2.81-2.89 / 4.17-4.29."""
     H, B = program.cell.hidden_size, program.batch
     settings = [{**knobs, "units": u, "row_blocks": p} for u in range(knobs["units"], H + 1) if H % u == 0
                 for p in recipe.knobs["row_blocks"] if p == 1 or B % (2 * p * FRAG) == 0]
-    best = max((k for k in settings if recipe.runs(program, target, k)),
+    return max((k for k in settings if recipe.runs(program, target, k)),
                key=lambda k: (H // k["units"] * k["row_blocks"], k["units"]), default=knobs)
-    if not _Kernel.plan(program, target, best).staged:
-        best["warp_frags"] = max(recipe.knobs["warp_frags"])
-    return best
 
 
 def _prologue_knobs(program, target, knobs) -> dict:
@@ -267,16 +273,14 @@ class _Gemm:
     @classmethod
     def sized(cls, index, gemm, operand, dtype, view, B, C, knobs, weights_dtype) -> _Gemm:
         """The sizes that run for these knobs: the tile shrunk to the batch and to a divisor of the
-        block's columns (FFMA) or 16 x 16 x the most fragments up to ``warp_frags`` that divide the
-        block's columns (tensor cores: the operand staged in the weights' dtype, a state as it is, a
-        computed r * h rounded to it as a torch cell in that dtype rounds it); the most split-K parts
-        (a power of two, at most ``max_split``) whose tiles the threads (warps) can hold, each part at
-        least one chunk of K."""
+        block's columns (FFMA) or 16 x 16 x ``_warp_frags`` fragments (tensor cores: the operand staged
+        in the weights' dtype, a state as it is, a computed r * h rounded to it as a torch cell in that
+        dtype rounds it); the most split-K parts (a power of two, at most ``max_split``) whose tiles the
+        threads (warps) can hold, each part at least one chunk of K."""
         NT, K = knobs["threads"], gemm.depth
         tc = knobs["tensor_cores"]
         if tc:
-            frags = -(-C // FRAG)
-            tm, tn = FRAG, FRAG * max(f for f in range(1, knobs["warp_frags"] + 1) if frags % f == 0)
+            tm, tn = FRAG, FRAG * _warp_frags(-(-B // FRAG), -(-C // FRAG), NT // 32, knobs["warp_frags"])
             if dtype != weights_dtype:
                 operand, dtype, view = f'T.Cast("{weights_dtype}", {operand})', weights_dtype, None
         else:

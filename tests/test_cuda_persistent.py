@@ -13,7 +13,7 @@ import tvm
 from conftest import TOLERANCE, gpu_available, random_inputs, rel_err, upcast
 from cuda_emulator import Buffer, Memory, Race, T
 from halstm.schedules import CudaPersistent
-from halstm.schedules.cuda_persistent import _Gemm, _Kernel
+from halstm.schedules.cuda_persistent import _Gemm, _Kernel, _warp_frags
 from halstm.targets import CudaTarget
 
 import halstm
@@ -183,17 +183,29 @@ def test_tensor_cores_pruned_where_they_cannot_run():
         assert settings and len(settings) == len(set(settings))
 
 
-@pytest.mark.parametrize("batch, hidden, units, row_blocks, staged", [
-    (256, 1024, 16, 2, False), (128, 1024, 16, 2, False), (64, 1024, 16, 2, True), (64, 512, 8, 2, True),
-    (32, 512, 4, 1, True), (16, 512, 4, 1, True)])
-def test_defaults_split_the_batch_over_row_blocks(batch, hidden, units, row_blocks, staged):
-    """On tensor cores: the largest grid, in it the fewest unit groups, at least 32 rows a block (at
-    B=64, H=512 16 units in 4 row blocks would give 16); 4 fragments a warp where the operand
-    streams."""
+@pytest.mark.parametrize("batch, hidden, units, row_blocks, staged, frags", [
+    (256, 1024, 16, 2, False, 4), (128, 1024, 16, 2, False, 2), (64, 1024, 16, 2, True, 1),
+    (64, 512, 8, 2, True, 1), (32, 512, 4, 1, True, 1), (16, 512, 4, 1, True, 1)])
+def test_defaults_split_the_batch_over_row_blocks(batch, hidden, units, row_blocks, staged, frags):
+    """LSTM on tensor cores: the largest grid, in it the fewest unit groups, at least 32 rows a block
+    (at B=64, H=512 16 units in 4 row blocks would give 16); the operand streams where it does not fit."""
     recipe, program = CudaPersistent(), _program(batch=batch, hidden=hidden, dtype="float16")
     k = recipe.defaults(program, H100)
-    assert (k["units"], k["row_blocks"], k["warp_frags"]) == (units, row_blocks, 1 if staged else 4)
-    assert _Kernel.plan(program, H100, k).staged == staged and recipe.streams(program, H100) == (not staged)
+    assert (k["units"], k["row_blocks"]) == (units, row_blocks)
+    kernel = _Kernel.plan(program, H100, k)
+    assert kernel.staged == staged and recipe.streams(program, H100) == (not staged)
+    assert [g.frags for g in kernel.blocks if isinstance(g, _Gemm)] == [frags]
+
+
+@pytest.mark.parametrize("row_tiles, frags, most, chosen", [
+    (2, 3, 4, 3),  # GRU (100,64,1024), 16 units: 1 fragment leaves 2 of 8 warps idle
+    (2, 4, 4, 1),  # LSTM there: 8 tiles for 8 warps
+    (8, 4, 4, 4), (8, 3, 4, 3), (4, 4, 4, 2),  # B=256 and 128 (128 and 64 rows a block)
+    (2, 3, 1, 1),  # the knob caps it
+    (3, 4, 4, 4),  # no even share: the most
+])
+def test_warp_fragments_share_the_tiles_evenly(row_tiles, frags, most, chosen):
+    assert _warp_frags(row_tiles, frags, 8, most) == chosen
 
 
 def test_shared_buffers_start_32_byte_aligned():
@@ -464,8 +476,6 @@ def test_emulated_tensor_core_row_blocks_and_fragments_match_reference_without_r
     program = _program(cell, batch=B, hidden=H, inputs=I)
     kernel = _Kernel.plan(program, H100, CudaPersistent().resolve(program, H100, knobs))
     assert kernel.staged == staged and kernel.grid == H // knobs["units"] * knobs["row_blocks"]
-    gemm = next(b for b in kernel.blocks if isinstance(b, _Gemm))
-    assert gemm.frags == max(f for f in range(1, knobs["warp_frags"] + 1) if gemm.ldc // 16 % f == 0)
     _check_emulation(cell, B, I, H, knobs, staged=staged)
 
 
