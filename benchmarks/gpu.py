@@ -45,13 +45,13 @@ def storage(dtype: str) -> str:
 
 
 def applicable(name, T, B, I, H, dtype, recipe, target, every_recipe=False) -> bool:
-    r = next(r for r in schedules.BUILTIN if r.name == recipe)
     program = halstm.lower(CELLS[name](I, H), T, B, storage(dtype), allow_tf32=dtype == "tf32")
-    if recipe == "cuda-persistent" and B > PREFERRED_MAX_BATCH and not every_recipe and r.is_applicable(program, target):
-        # slower than the step loop there but where it streams the operand (docs/gpu-results.md);
+    found = [r.name for r in schedules.recipes_for(program, target)]
+    if recipe == "cuda-persistent" and B > PREFERRED_MAX_BATCH and not every_recipe:
+        # slower than the step loop there unless recipes_for prefers it (docs/gpu-results.md);
         # --every-recipe times it
-        return r.streams(program, target)
-    return r.is_applicable(program, target)
+        return found[:1] == [recipe]
+    return recipe in found
 
 
 def build(job, target, folder):

@@ -36,7 +36,6 @@ bm / tm row threads, so that a block is not mostly idle threads.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 
 from tvm.s_tir import Schedule
@@ -188,10 +187,7 @@ class CudaStepLoop(Recipe):
             if on != self.knobs["tensor_cores"][0] and "tensor_cores" in unused:
                 continue
             names = [n for n in self.knobs if n != "tensor_cores" and n not in unused]
-            for values in itertools.product(*(self.knobs[n] for n in names)):
-                k = {**{n: v[0] for n, v in self.knobs.items()}, "tensor_cores": on, **dict(zip(names, values))}
-                if self.valid(program, target, k):
-                    space.append(k)
+            space += [k for k in self.settings(names, {"tensor_cores": on}) if self.valid(program, target, k)]
         return space
 
     def _unused(self, program, target, knobs) -> tuple:

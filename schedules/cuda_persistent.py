@@ -38,7 +38,7 @@ the grid sync, the operand's L2 round trip, the __syncthreads, the elementwise m
 Prefetching the states that math reads at the block's units (LSTM's c) with the input projection
 measured no faster (eleventh run, run 26): that load is not on the critical path. At B=256, H=1024
 fp16 (twelfth run) the weights take 132 of the 227 KB and the operand streams from global memory:
-2.8-2.9 ms at T=100 against cuDNN's 1.8-2.3, its 8 warps a SM mostly waiting on global loads (ncu:
+2.78-2.89 ms at T=100 against cuDNN's 1.75-2.26, its 8 warps a SM mostly waiting on global loads (ncu:
 64 % of the stalls on L1TEX); a deeper ring of fragments in flight was no faster.
 
 Shared stores are never inside a condition (the shared-memory sync planner cannot handle that): loops
@@ -83,8 +83,8 @@ SHARED_GRANULE = 32
 # step GEMMs of both recipes on tensor cores, fp16 at B=64, H=1024 2.2-5.3 ms against 2.7-7.1 and
 # (512, 64, 512) 3.7-9.0 against 7.9-19.8 (sixth run). Above it the recipe goes first only where its
 # step GEMM streams the operand on tensor cores (``CudaPersistent.streams``): fp16 B=256, H=1024
-# LSTM 2.78-2.89 ms against the step loop's 2.99-3.18, GRU 2.32-2.37 against 2.59-2.72,
-# PeepholeLSTM 2.82 against 3.07 (twelfth run). A size rule only; the tuner measures both.
+# LSTM 2.78-2.89 ms against the step loop's 2.99-3.18, GRU 2.32-2.41 against 2.59-2.72,
+# PeepholeLSTM 2.82-2.96 against 3.07-3.19 (twelfth run). A size rule only; the tuner measures both.
 PREFERRED_MAX_BATCH = 64
 
 VECTOR = 4  # k a thread moves at once: operand staging, and shared memory to registers in the GEMM
@@ -149,13 +149,14 @@ class CudaPersistent(Recipe):
 
     def valid(self, program, target, knobs) -> bool:
         """It runs; tc_hoisted_frags stays at its first value where the hoisted GEMM is not on
-        tensor cores, stage_operand where the operand is not staged anyway (either would only repeat
-        a candidate)."""
+        tensor cores, stage_operand where it changes nothing (the operand is not staged anyway, or
+        cannot stream): either would only repeat a candidate."""
         first = knobs["tc_hoisted_frags"] == self.knobs["tc_hoisted_frags"][0]
         hoisted = _prologue_knobs(program, target, knobs)
         if not ((first or use_tensor_cores(hoisted, program, target)) and self.runs(program, target, knobs)):
             return False
-        return knobs["stage_operand"] or _Kernel.plan(program, target, {**knobs, "stage_operand": True}).staged
+        staged = _Kernel.plan(program, target, {**knobs, "stage_operand": True}).staged
+        return knobs["stage_operand"] or staged and not _Kernel.plan(program, target, knobs).staged
 
     def runs(self, program, target, knobs) -> bool:
         """Co-resident (a grid of at most the SMs), whole units, a register tile that runs as chosen
@@ -178,15 +179,13 @@ class CudaPersistent(Recipe):
                 and _Kernel.plan(program, target, knobs) is not None)
 
     def space(self, program, target) -> list[dict]:
-        """As Recipe.space, but one register tile on tensor cores and one warp_frags on FFMA (the first
-        valid): there they change nothing."""
-        seen, out = set(), []
-        for k in super().space(program, target):
-            moot = ("tile_rows", "tile_cols") if k["tensor_cores"] else ("warp_frags",)
-            key = tuple((n, v) for n, v in k.items() if n not in moot)
-            if key not in seen:
-                seen.add(key)
-                out.append(k)
+        """As Recipe.space, but the knobs that change nothing are not enumerated (they stay at their
+        first value): the register tile on tensor cores, warp_frags on FFMA."""
+        out = []
+        for on in self.knobs["tensor_cores"]:
+            moot = ("tensor_cores", "tile_rows", "tile_cols") if on else ("tensor_cores", "warp_frags")
+            names = [n for n in self.knobs if n not in moot]
+            out += [k for k in self.settings(names, {"tensor_cores": on}) if self.valid(program, target, k)]
         return out
 
     def is_applicable(self, program, target) -> bool:
@@ -214,18 +213,18 @@ def _warp_frags(row_tiles: int, frags: int, warps: int, most: int) -> int:
     tiles share out evenly among the warps (no warp idle), else the most. H100, fp16 T=100, twelfth run:
     GRU (100,64,1024), 16 units x 2 row blocks, 48 columns: 1 fragment (6 tiles for 8 warps) 0.862 ms, 3
     (2 tiles, 4 split-K parts) 0.713; LSTM there (64 columns: 8 tiles) 1 fragment 0.929; LSTM (100,256,1024)
-    streamed (8 x 4 fragments) 4 fragments 2.78-2.89, 2 3.63-3.85."""
+    streamed (8 x 4 fragments) 4 fragments 2.78-2.89, 2 3.81-3.87."""
     options = [f for f in range(1, most + 1) if frags % f == 0]
     return next((f for f in options if warps % (row_tiles * frags // f) == 0), options[-1])
 
 
 def _row_blocks(recipe, program, target, knobs) -> dict:
     """Units and row blocks on tensor cores: the largest grid, and in it the fewest unit groups (each
-    block reads its B / row_blocks rows of the operand every step: fewer groups read less), at least
-    two fragments of rows a block. H100, fp16, T=100, twelfth run, ms, these defaults / the fewest
-    units in one row block: (B, H) = (64, 1024), 16 units x 2 row blocks, LSTM 0.929 / 1.012, GRU
-    0.862 / 0.972 (1 fragment a warp both), ResetBeforeGRU 1.033 / 1.390; (64, 512), 8 x 2, LSTM
-    2.189 / 2.506; (256, 1024), streamed, 16 x 2, LSTM 2.81-2.89 / 4.17-4.29."""
+    block reads its B / row_blocks rows of the operand every step: fewer groups read less); a split
+    batch gives each block a multiple of 32 rows (two fragments). H100, fp16, T=100, twelfth run, ms,
+    these defaults / the fewest units in one row block: (B, H) = (64, 1024), 16 units x 2 row blocks,
+    LSTM 0.929 / 1.012, GRU 0.862 / 0.972 (1 fragment a warp both), ResetBeforeGRU 1.033 / 1.390;
+    (64, 512), 8 x 2, LSTM 2.189 / 2.506; (256, 1024), streamed, 16 x 2, LSTM 2.81-2.89 / 4.17-4.29."""
     H, B = program.cell.hidden_size, program.batch
     settings = [{**knobs, "units": u, "row_blocks": p} for u in range(knobs["units"], H + 1) if H % u == 0
                 for p in recipe.knobs["row_blocks"] if p == 1 or B % (2 * p * FRAG) == 0]
@@ -235,7 +234,8 @@ def _row_blocks(recipe, program, target, knobs) -> dict:
 
 def _prologue_knobs(program, target, knobs) -> dict:
     """The step loop's defaults for the prologue, with this recipe's hoisted-GEMM fragments."""
-    return {**CudaStepLoop().defaults(program, target), "tc_hoisted_frags": knobs["tc_hoisted_frags"]}
+    step_loop = _per_program("step loop", program, target, lambda: CudaStepLoop().defaults(program, target))
+    return {**step_loop, "tc_hoisted_frags": knobs["tc_hoisted_frags"]}
 
 
 def _widest(program) -> int:
@@ -447,6 +447,7 @@ class _Kernel:
     # --- text --------------------------------------------------------------------------------
     @property
     def first_unit(self) -> str:
+        """The block's first hidden unit."""
         group = "p_bx" if self.row_blocks == 1 else f"p_bx % {self.groups}"
         return f"{group} * {self.units}"
 
@@ -707,17 +708,30 @@ class _Kernel:
         return tvm.script.from_source(frame.source(loop, allocs))
 
 
-_analysed: dict[int, tuple] = {}
+_cache: dict[tuple, tuple] = {}
+
+
+def _per_program(what: str, program, key, compute):
+    """compute() once per program and key (the tuner checks many knob settings of one program); the
+    program is held with the result, so that its id is not reused while cached."""
+    hit = _cache.get((what, id(program), key))
+    if hit is None or hit[0] is not program:
+        if len(_cache) > 32:
+            _cache.clear()
+        hit = _cache[(what, id(program), key)] = (program, compute())
+    return hit[1]
 
 
 def _step_blocks(program):
-    """The step's blocks in order, knob-independent (cached: the tuner checks many knob settings):
-    ("gemm", Gemm, ivs, operand as text of (p_row, p_k), the operand's dtype, the state view it is
-    where it is one as stored at (row, k), else None) or ("elementwise", buffer, ivs, value, None, None). None when the step has math a block cannot do on its own units: a cell's
-    own reduction, a GEMM whose columns are not whole gates, a block not over (B, H), no step GEMM."""
-    hit = _analysed.get(id(program))
-    if hit is not None and hit[0] is program:
-        return hit[1]
+    """The step's blocks in order, knob-independent: ("gemm", Gemm, ivs, operand as text of (p_row,
+    p_k), the operand's dtype, the buffer the operand is where it is read as stored at (row, k), else
+    None) or ("elementwise", buffer, ivs, value, None, None). None when the step has math a block
+    cannot do on its own units: a cell's own reduction, a GEMM whose columns are not whole gates, a
+    block not over (B, H), no step GEMM."""
+    return _per_program("blocks", program, None, lambda: _analyse_step(program))
+
+
+def _analyse_step(program):
     H, B = program.cell.hidden_size, program.batch
     sch = Schedule(program.mod)
     inline_elementwise(sch, sch.get_sblock("step"))
@@ -754,17 +768,14 @@ def _step_blocks(program):
             blocks.append(("elementwise", store.buffer.name, ivs, str(store.value), None, None))
     if blocks is not None and not any(b[0] == "gemm" for b in blocks):
         blocks = None  # nothing to keep on chip: the step loop runs it
-    if len(_analysed) > 16:
-        _analysed.clear()
-    _analysed[id(program)] = (program, blocks)
     return blocks
 
 
 def _on_chip(value: str, ivs, gemms, hoisted, H: int, U: int) -> str | None:
     """The elementwise math's reads of GEMM results and of the hoisted input projection at the own
     row and a gate column of the own unit (``unit + gate * H``), re-indexed into their shared buffers:
-    the row's place in the block (``p_lr``), local column gate * U + the unit's place (``p_ul``). None when it reads a step GEMM's
-    result anywhere else; other input-projection reads stay global."""
+    the row's place in the block (``p_lr``), local column gate * U + the unit's place (``p_ul``).
+    None when it reads a step GEMM's result anywhere else; other input-projection reads stay global."""
     row, unit = ivs
 
     def rewrite(value, buffer, shared, columns):

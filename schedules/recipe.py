@@ -42,9 +42,14 @@ class Recipe:
 
     def space(self, program, target) -> list[dict]:
         """Every valid knob setting."""
-        names = list(self.knobs)
-        settings = (dict(zip(names, values)) for values in itertools.product(*self.knobs.values()))
-        return [k for k in settings if self.valid(program, target, k)]
+        return [k for k in self.settings(self.knobs, {}) if self.valid(program, target, k)]
+
+    def settings(self, names, base: dict) -> list[dict]:
+        """Every combination of the values of knobs ``names`` over ``base`` (the other knobs at their
+        first value unless ``base`` says), in the knobs' order."""
+        first = {n: v[0] for n, v in self.knobs.items()}
+        return [{**first, **base, **dict(zip(names, values))}
+                for values in itertools.product(*(self.knobs[n] for n in names))]
 
     def resolve(self, program, target, knobs: dict | None) -> dict:
         unknown = set(knobs or {}) - set(self.knobs)

@@ -175,6 +175,9 @@ def test_tensor_cores_pruned_where_they_cannot_run():
     gru = _program(halstm.ResetBeforeGRU, batch=256, hidden=1024, dtype="float16")
     assert not recipe.valid(gru, H100, {**recipe.defaults(gru, H100), "tensor_cores": True})
     assert not recipe.defaults(gru, H100)["tensor_cores"] and recipe.is_applicable(gru, H100)
+    # so there stage_operand=False on tensor cores would stage all the same: not a candidate of its own
+    gru64 = _program(halstm.ResetBeforeGRU, batch=64, hidden=1024, dtype="float16")
+    assert not any(k["tensor_cores"] and not k["stage_operand"] for k in recipe.space(gru64, H100))
     # on tensor cores the register tile changes nothing, on FFMA warp_frags: one candidate each
     program = _program(dtype="float16")
     for tensor_cores, moot in ((True, ("tile_rows", "tile_cols")), (False, ("warp_frags",))):
