@@ -1,6 +1,7 @@
 """Where a call's host time goes: one compiled cell called with torch tensors, timed as a whole
 (``f(x, params, states)``, argument checks and DLPack included) and prepared (``f.prepare``: the
-kernels alone), then the call under cProfile:
+kernels alone), then the call under cProfile and, on a GPU, one call's device timeline (each kernel's
+start after the call began and its duration, from torch.profiler's CUPTI trace):
 
     python benchmarks/call_overhead.py LSTM 100,16,512 float16 --device cuda
 
@@ -50,6 +51,38 @@ def main():
     sync()
     profile.disable()
     pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+    if a.device == "cuda":
+        timeline(lambda: f(x, params, states))
+        if a.cell in ("LSTM", "GRU"):
+            print("cuDNN, same inputs:")
+            timeline(cudnn_call(a.cell, H, dt, x, params, states))
+
+
+def cudnn_call(name, H, dt, x, params, states):
+    mod = getattr(torch.nn, name)(H, H).cuda().to(dt)
+    mod.load_state_dict({f"{k}_l0": v for k, v in params.items()})
+    hx = (states["h"][None], states["c"][None]) if name == "LSTM" else states["h"][None]
+    return lambda: mod(x, hx)
+
+
+def timeline(call):
+    """One call's kernels as the device ran them, in us from the call's start on the host: where the
+    device waits on the host, and how long each kernel takes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        call()
+    torch.cuda.synchronize()
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with torch.profiler.record_function("call"):
+            call()
+        torch.cuda.synchronize()
+    events = prof.events()
+    start = next(e for e in events if e.name == "call" and e.device_type.name == "CPU").time_range.start
+    kernels = sorted((e for e in events if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    print("device timeline of one call (us after the call began on the host):")
+    for e in kernels:
+        print(f"  {e.time_range.start - start:9.1f} +{e.time_range.elapsed_us():8.1f}  {e.name[:70]}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """The tuner against the default schedule and against torch, with tuning time.
 
     python benchmarks/tuning.py --out DIR [--target cuda] [--shapes 100,1,256 100,64,1024] [--trials 12]
-                                [--dtypes float32 tf32 float16]
+                                [--dtypes float32 tf32 float16] [--cells LSTM GRU]
 
-Per shape and dtype (LSTM, I=H): the default compile (no database), a tuning run (its records in
-DIR/tuning.jsonl), the tuned compile, and torch.nn.LSTM (cuDNN on a GPU; in fp32 also with TF32
+Per cell, shape and dtype (I=H): the default compile (no database), a tuning run (its records in
+DIR/tuning.jsonl), the tuned compile, and torch.nn.LSTM or GRU (cuDNN on a GPU; in fp32 also with TF32
 off), each timed as the median of 20 calls after warm-up on the same inputs. Writes
 DIR/tune-results.md. dtype tf32: float32 tensors compiled with allow_tf32 (cuDNN with TF32, its
 default). The tuner compiles candidates on the CPU's cores less one before timing them.
@@ -13,6 +13,7 @@ default). The tuner compiles candidates on the CPU's cores less one before timin
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from pathlib import Path
 
@@ -26,8 +27,8 @@ from halstm.targets import resolve
 from gpu import storage  # noqa: E402 (beside this script: what a benchmark dtype stores)
 
 
-def measure_shape(T, B, H, name, target, device, sync, db, trials) -> str:
-    cell = halstm.LSTM(H, H)
+def measure_shape(cell_name, T, B, H, name, target, device, sync, db, trials) -> str:
+    cell = getattr(halstm, cell_name)(H, H)
     dtype, tf32 = storage(name), name == "tf32"
     dt = getattr(torch, dtype)
     x = torch.randn(T, B, H, device=device).to(dt)
@@ -39,16 +40,16 @@ def measure_shape(T, B, H, name, target, device, sync, db, trials) -> str:
     tuning_s = time.perf_counter() - start
     tuned = halstm.compile(cell, T, B, dtype, target=target, database=db, allow_tf32=tf32)
     tuned_ms = median_ms(tuned.prepare(x, params), 20, warmup=3, sync=sync)
-    lstm = torch.nn.LSTM(H, H).to(device, dt)
+    module = getattr(torch.nn, cell_name)(H, H).to(device, dt)
     with torch.no_grad():
-        torch_ms = median_ms(lambda: lstm(x), 20, warmup=3, sync=sync)
+        torch_ms = median_ms(lambda: module(x), 20, warmup=3, sync=sync)
         strict_ms = None
         if device == "cuda" and name == "float32":
             torch.backends.cudnn.allow_tf32 = False
-            strict_ms = median_ms(lambda: lstm(x), 20, warmup=3, sync=sync)
+            strict_ms = median_ms(lambda: module(x), 20, warmup=3, sync=sync)
             torch.backends.cudnn.allow_tf32 = True
     strict = "-" if strict_ms is None else f"{strict_ms:.3f}"
-    return (f"| {T} | {B} | {H} | {name} | {default_ms:.3f} ({default.recipe.name}) | {tuned_ms:.3f} "
+    return (f"| {cell_name} | {T} | {B} | {H} | {name} | {default_ms:.3f} ({default.recipe.name}) | {tuned_ms:.3f} "
             f"({tuned.recipe.name} {tuned.knobs}) | {tuning_s:.0f} | {torch_ms:.3f} | {strict} | "
             f"{tuned_ms / default_ms:.2f} | {torch_ms / tuned_ms:.2f} |")
 
@@ -60,22 +61,22 @@ def main():
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtypes", nargs="+", default=["float32"])
+    parser.add_argument("--cells", nargs="+", default=["LSTM"], choices=["LSTM", "GRU"])
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     target = resolve(args.target)
     device = "cuda" if args.target == "cuda" else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     db = Database(args.out / "tuning.jsonl")
-    rows = [f"Measured {time.strftime('%Y-%m-%d')} on {target.key}; LSTM, medians of 20 calls after warm-up.", "",
-            "| T | B | I=H | dtype | default ms (recipe) | tuned ms (recipe, knobs) | tuning s | torch ms | torch no-TF32 ms "
+    rows = [f"Measured {time.strftime('%Y-%m-%d')} on {target.key}; medians of 20 calls after warm-up.", "",
+            "| cell | T | B | I=H | dtype | default ms (recipe) | tuned ms (recipe, knobs) | tuning s | torch ms | torch no-TF32 ms "
             "| tuned / default | torch / tuned |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for shape in args.shapes:
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for cell, shape, dtype in itertools.product(args.cells, args.shapes, args.dtypes):
         T, B, H = (int(v) for v in shape.split(","))
-        for dtype in args.dtypes:
-            rows.append(measure_shape(T, B, H, dtype, target, device, sync, db, args.trials))
-            print(rows[-1], flush=True)
-            (args.out / "tune-results.md").write_text("\n".join(rows) + "\n")  # kept if a later shape hangs
+        rows.append(measure_shape(cell, T, B, H, dtype, target, device, sync, db, args.trials))
+        print(rows[-1], flush=True)
+        (args.out / "tune-results.md").write_text("\n".join(rows) + "\n")  # kept if a later shape hangs
 
 
 if __name__ == "__main__":

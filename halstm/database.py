@@ -101,7 +101,3 @@ class Database:
         """The fastest successful record for ``key`` (among ``recipes``, if given)."""
         measured = [r for r in self.records(key) if r.ms is not None and (recipes is None or r.recipe in recipes)]
         return min(measured, key=lambda r: r.ms, default=None)
-
-    def measured(self, key: dict) -> set[str]:
-        """The candidates already tried for ``key``, failed ones included."""
-        return {r.candidate for r in self.records(key)}

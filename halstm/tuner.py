@@ -2,8 +2,9 @@
 
 Each candidate is compiled, checked against the float64 reference and timed (median after warm-up)
 in a worker process, so that one that crashes, hangs or corrupts memory costs a restart, not the
-tuning run. With ``builders`` > 1 the candidates are first compiled and exported by that many
-worker processes at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on
+tuning run. The search goes in rounds (``next_round``): each recipe's default, then the settings
+nearest the fastest measured so far. With ``builders`` > 1 a round's candidates (as many as
+builders) are first compiled and exported by that many worker processes at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on
 the H100 host, 14 at once, docs/gpu-results.md "ninth run"), then loaded, checked and timed one at
 a time, nothing else running. Every result, failures included, is appended to the database at
 once: an interrupted run resumes where it stopped, and ``halstm.compile`` picks up the best record
@@ -35,6 +36,7 @@ from .database import Database, Record, candidate_id, tuning_key
 
 TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 TF32_TOLERANCE = 1e-2  # float32 with allow_tf32: 10 mantissa bits as fp16 has
+NEAR = 1.25  # recipes whose best is within this factor of the fastest are searched first (next_round)
 
 
 @dataclass
@@ -167,39 +169,6 @@ def _serve() -> None:
         _send(stdout, answer)
 
 
-def candidates(program, target, recipes, limit: int | None, seed: int = 0) -> list[tuple[object, dict]]:
-    """Every valid (recipe, knobs) of the applicable recipes; defaults first, then a fixed shuffle
-    that interleaves the recipes and, within a recipe, its switches (its on/off knobs, such as
-    tensor_cores, the first one alternating fastest), so that a short budget tries each. Without
-    that, the step loop's 36 tensor-core settings were 1 of 18 step-loop candidates tried among its
-    thousands of FFMA ones (H100, LSTM fp16 B=64 H=1024, 36 trials)."""
-    out = []
-    for recipe in (r for r in recipes if r.is_applicable(program, target)):
-        default = recipe.defaults(program, target)
-        rest = [k for k in recipe.space(program, target) if k != default]
-        random.Random(seed).shuffle(rest)
-        switches = [n for n, values in recipe.knobs.items() if all(isinstance(v, bool) for v in values)]
-        out.append([(recipe, default), *((recipe, k) for k in _interleave(rest, switches))])
-    merged = [c for group in _zip_longest(out) for c in group]
-    return merged[:limit] if limit else merged
-
-
-def _interleave(settings: list[dict], switches: list[str]) -> list[dict]:
-    """``settings`` taking turns between the values of ``switches[0]``, each value's own settings
-    interleaved by the other switches in the same way."""
-    if not switches:
-        return settings
-    groups: dict = {}
-    for k in settings:
-        groups.setdefault(k[switches[0]], []).append(k)
-    return [k for turn in _zip_longest([_interleave(g, switches[1:]) for g in groups.values()]) for k in turn]
-
-
-def _zip_longest(groups):
-    for i in range(max((len(g) for g in groups), default=0)):
-        yield [g[i] for g in groups if i < len(g)]
-
-
 def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, database=None,
          recipes=None, trials: int | None = 24, repeat: int = 5, timeout: float = 300.0, seed: int = 0,
          log=None, allow_tf32: bool = False, builders: int | None = None) -> Record | None:
@@ -207,8 +176,9 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
 
     ``recipes`` are the recipes to search (the built-in ones by default; a user's own recipe
     objects work too). Candidates already in the database for this key are not measured again (so
-    a run resumes); ``trials`` bounds how many are tried in total. ``timeout`` (seconds) ends a
-    candidate that hangs (its compile, or its check and timing). ``builders`` processes compile
+    a run resumes); ``trials`` bounds how many are tried in total (None: every one), in rounds
+    (``next_round``: the defaults, then the settings nearest the fastest so far). ``timeout``
+    (seconds) ends a candidate that hangs (its compile, or its check and timing). ``builders`` processes compile
     the candidates before they are measured (default: the CPU's cores less one; 1 compiles each in
     the measuring process). ``allow_tf32`` as for ``halstm.compile`` (its own records).
     """
@@ -222,41 +192,88 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     db = database if isinstance(database, Database) else Database(database)
     key = tuning_key(cell, steps, batch, dtype, target, allow_tf32)
     program = lower(cell, steps, batch, dtype, allow_tf32=allow_tf32)
-    planned = candidates(program, target, recipes or schedules.BUILTIN, trials, seed)
-    done = db.measured(key)
-    todo = [(r, k) for r, k in planned if candidate_id(r.name, k) not in done]
-    if not todo:
-        log(f"all {len(planned)} candidates already measured in {db.path}")
+    searched = spaces(program, target, recipes or schedules.BUILTIN, seed)
+    size = sum(len(settings) for _, settings in searched)
+    total = size if trials is None else min(trials, size)
+    results = {r.candidate: r.ms for r in db.records(key)}
+    if len(results) >= total:
+        log(f"{len(results)} candidates already measured in {db.path}")
         return db.best(key)
 
     rng = np.random.default_rng(seed)
     x, params, states = _inputs(cell, steps, batch, dtype, rng)
     expected, _ = reference(cell, x, params, states)
     best = db.best(key)
-    jobs = [Job(cell, steps, batch, dtype, target, recipe, knobs, (x, params, states), expected, repeat, allow_tf32)
-            for recipe, knobs in todo]
-    builders = min(len(jobs), max(1, (os.cpu_count() or 1) - 1) if builders is None else builders)
+    builders = max(1, (os.cpu_count() or 1) - 1) if builders is None else builders
+    worker = _Worker()
+    try:
+        while len(results) < total and (todo := next_round(searched, results, builders)):
+            jobs = [Job(cell, steps, batch, dtype, target, recipe, knobs, (x, params, states), expected, repeat,
+                        allow_tf32) for recipe, knobs in todo[:total - len(results)]]
+            for job, ms, error in _measure(jobs, worker, builders, timeout, log):
+                record = Record(key, job.recipe.name, job.knobs, ms, error)
+                db.append(record)
+                results[record.candidate] = ms
+                if ms is not None and (best is None or ms < best.ms):
+                    best = record
+                bar = "#" * (20 * len(results) // total)
+                log(f"|{bar:<20}| [{len(results)}/{total}] {job.recipe.name} {job.knobs}: "
+                    + (f"{ms:.3f} ms" if ms is not None else f"failed ({error})")
+                    + (f" | best {best.ms:.3f} ms ({best.recipe} {best.knobs})" if best else ""))
+    finally:
+        worker.close()
+    return best
+
+
+def _measure(jobs: list[Job], worker, builders: int, timeout: float, log):
+    """(job, ms, error) for each job: compiled first on up to ``builders`` processes where that is
+    more than one, then checked and timed one at a time by ``worker``."""
+    builders = min(len(jobs), builders)
     with tempfile.TemporaryDirectory(prefix="halstm-tune-") as folder:
         failed = {}
         if builders > 1:
             for i, job in enumerate(jobs):
                 job.module = os.path.join(folder, f"candidate{i}.so")
             failed = _build_all(jobs, builders, timeout, log)
-        worker = _Worker()
-        try:
-            for done, (i, job) in enumerate(enumerate(jobs), len(planned) - len(todo) + 1):
-                ms, error = (None, failed[i]) if i in failed else worker.run(job, timeout)
-                record = Record(key, job.recipe.name, job.knobs, ms, error)
-                db.append(record)
-                if ms is not None and (best is None or ms < best.ms):
-                    best = record
-                bar = "#" * (20 * done // len(planned))
-                log(f"|{bar:<20}| [{done}/{len(planned)}] {job.recipe.name} {job.knobs}: "
-                    + (f"{ms:.3f} ms" if ms is not None else f"failed ({error})")
-                    + (f" | best {best.ms:.3f} ms ({best.recipe} {best.knobs})" if best else ""))
-        finally:
-            worker.close()
-    return best
+        for i, job in enumerate(jobs):
+            yield (job, None, failed[i]) if i in failed else (job, *worker.run(job, timeout))
+
+
+def spaces(program, target, recipes, seed: int = 0) -> list[tuple[object, list[dict]]]:
+    """Each applicable recipe with its valid settings: its default first, the rest in a fixed shuffle."""
+    out = []
+    for recipe in (r for r in recipes if r.is_applicable(program, target)):
+        default = recipe.defaults(program, target)
+        rest = [k for k in recipe.space(program, target) if k != default]
+        random.Random(seed).shuffle(rest)
+        out.append((recipe, [default, *rest]))
+    return out
+
+
+def next_round(spaces, results: dict[str, float | None], size: int) -> list[tuple[object, dict]]:
+    """The next settings to measure, given ``results`` (candidate id: ms, None where it failed):
+    every recipe's default first; then up to ``size`` settings nearest (fewest knobs changed) the
+    fastest measured setting of their recipe, the recipes within NEAR of the fastest overall first,
+    ties in the shuffle's order. The defaults are measured heuristics and the spaces run to
+    thousands of settings: a random dozen found nothing faster than the default (run 35), and half
+    of them went to the recipe that lost by 2-5x at its default (run 43)."""
+    defaults = [(r, settings[0]) for r, settings in spaces if candidate_id(r.name, settings[0]) not in results]
+    if defaults:
+        return defaults
+    ms = {n: {i: results.get(candidate_id(r.name, k)) for i, k in enumerate(settings)} for n, (r, settings) in enumerate(spaces)}
+    fastest = min((t for m in ms.values() for t in m.values() if t is not None), default=None)
+    ranked = []
+    for n, (recipe, settings) in enumerate(spaces):
+        timed = [(t, i) for i, t in ms[n].items() if t is not None]
+        best_ms, centre = min(timed, default=(None, 0))
+        far = best_ms is None or best_ms > NEAR * fastest
+        ranked += [((far, _distance(k, settings[centre]), i, n), recipe, k) for i, k in enumerate(settings)
+                   if candidate_id(recipe.name, k) not in results]
+    return [(recipe, k) for _, recipe, k in sorted(ranked, key=lambda c: c[0])[:size]]
+
+
+def _distance(a: dict, b: dict) -> int:
+    return sum(a.get(n) != b.get(n) for n in {*a, *b})
 
 
 def _build_all(jobs: list[Job], builders: int, timeout: float, log) -> dict[int, str]:

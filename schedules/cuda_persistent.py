@@ -28,7 +28,9 @@ storage dtype. Then per step and stage:
     split-K sum           one thread per output adds the S partial tiles (when S > 1); __syncthreads
     fused elementwise     the expression of the cell's own block, printed from the step program, its
                           GEMM columns read from shared memory
-    grid sync             before the next stage's GEMM and at the end of the step
+    grid sync             before the next stage's GEMM and at the end of the step; or, at the end of
+                          the step (knob "poll_states"), none: the next step's staging waits for
+                          the state values themselves (``_Kernel.polled``)
 
 Measured (H100, T=100, docs/gpu-results.md): the first kernel, one output a thread walking all of K
 with a global load of h per multiply-add, took 17-24 us a step at B=16, H=512 (cuDNN fp32 20.5, fp16
@@ -94,6 +96,9 @@ VECTOR = 4  # k a thread moves at once: operand staging, and shared memory to re
 # (128, 256, 512: 2.8, 2.5, 2.5 ms), against 4.4 us at B=16, H=512 (16 KB).
 STAGING_UNROLL = 8
 MAX_TILE_REGISTERS = 64  # accumulators + operand registers a thread may hold (spills beyond)
+# The bits a polled state's sequence holds until its value is written (``_Kernel.polled``), by width:
+# a NaN with every bit set, which no arithmetic produces (canonical NaNs are positive).
+SENTINEL = {16: 0xFFFF, 32: 0xFFFFFFFF}
 
 
 class CudaPersistent(Recipe):
@@ -103,7 +108,9 @@ class CudaPersistent(Recipe):
     rows with its weights); the register tile ``tile_rows`` x ``tile_cols`` (rows of the batch x
     columns of the block's gates); ``max_split`` caps the split-K parts (each output then sums that
     many partials serially); ``stage_operand`` stages the step's operand in shared memory where it
-    fits beside the weights (else the GEMM reads it from global memory); ``warp_frags`` caps the
+    fits beside the weights (else the GEMM reads it from global memory); ``poll_states`` ends a step
+    without a grid sync where the next one can wait for the states it stages (``_Kernel.polled``);
+    ``warp_frags`` caps the
     16-column fragments a warp accumulates on tensor cores (each operand fragment it loads feeds
     that many mma; ``_warp_frags`` picks them)."""
 
@@ -115,9 +122,11 @@ class CudaPersistent(Recipe):
         "tile_cols": (4, 2, 8, 1),
         "max_split": (32, 8, 128),
         "row_blocks": (1, 2, 4),
-        "stage_operand": (True, False),
         # the step GEMM on tensor cores (fp16/bf16; the register tile's knobs then change nothing)
         "tensor_cores": (True, False),
+        "stage_operand": (True, False),
+        # the step's end synchronised through the staged states' values instead of a grid sync
+        "poll_states": (True, False),
         "warp_frags": (4, 1, 2),
         # the hoisted input GEMM's fragments on tensor cores, as the step loop's knob (cuda.py)
         "tc_hoisted_frags": (2, 4, 1),
@@ -149,14 +158,17 @@ class CudaPersistent(Recipe):
 
     def valid(self, program, target, knobs) -> bool:
         """It runs; tc_hoisted_frags stays at its first value where the hoisted GEMM is not on
-        tensor cores, stage_operand where it changes nothing (the operand is not staged anyway, or
-        cannot stream): either would only repeat a candidate."""
+        tensor cores, stage_operand and poll_states where they change nothing (the operand is not
+        staged anyway, or cannot stream; no state is polled): each would only repeat a candidate."""
         first = knobs["tc_hoisted_frags"] == self.knobs["tc_hoisted_frags"][0]
         hoisted = _prologue_knobs(program, target, knobs)
         if not ((first or use_tensor_cores(hoisted, program, target)) and self.runs(program, target, knobs)):
             return False
+        kernel = _Kernel.plan(program, target, knobs)
+        if not (knobs["poll_states"] or _Kernel.plan(program, target, {**knobs, "poll_states": True}).polled):
+            return False
         staged = _Kernel.plan(program, target, {**knobs, "stage_operand": True}).staged
-        return knobs["stage_operand"] or staged and not _Kernel.plan(program, target, knobs).staged
+        return knobs["stage_operand"] or staged and not kernel.staged
 
     def runs(self, program, target, knobs) -> bool:
         """Co-resident (a grid of at most the SMs), whole units, a register tile that runs as chosen
@@ -404,6 +416,7 @@ class _Kernel:
         self.hoisted = hoisted  # (index, name, columns a block) of the hoisted GEMMs prefetched a step
         self.operands = _staged_operands([b for b in blocks if isinstance(b, _Gemm)])
         self.threads, self.units, self.row_blocks = knobs["threads"], knobs["units"], knobs["row_blocks"]
+        self.poll = knobs["poll_states"]
         self.H = program.cell.hidden_size
         self.groups = self.H // self.units  # unit groups; block p_bx has group p_bx % groups
         self.rows = program.batch // self.row_blocks  # rows of the batch a block; from row p_bx // groups * rows
@@ -459,6 +472,25 @@ class _Kernel:
         """Row of the batch for local row r of this block."""
         return r if self.row_blocks == 1 else f"p_bx // {self.groups} * {self.rows} + ({r})"
 
+    @property
+    def polled(self) -> tuple[str, ...]:
+        """The states whose values synchronise the step instead of a grid sync at its end (knob
+        poll_states): where the step has one stage and every GEMM stages a state as stored, the
+        sequence of each such state is filled with SENTINEL before the time loop (then one grid sync),
+        and a block stages the next step's rows by reading them past L1 until no value is the
+        sentinel (``poll_operand``); a stored value that happens to be the sentinel's bits is stored
+        as another NaN. Every block still reads only what was written before it, and none runs more
+        than a step ahead. Needs sm_70's relaxed loads."""
+        gemms = [b for b in self.blocks if isinstance(b, _Gemm)]
+        first_elementwise = next((n for n, b in enumerate(self.blocks) if not isinstance(b, _Gemm)), len(self.blocks))
+        states = tuple(dict.fromkeys(g.view[:-2] for g in gemms if g.view and g.view[:-2] in self.p.cell.states))
+        one_stage = all(isinstance(b, _Gemm) for b in self.blocks[:first_elementwise]) and not any(
+            isinstance(b, _Gemm) for b in self.blocks[first_elementwise:])
+        if (not self.poll or not self.staged or not one_stage or self.target.compute_capability < 70
+                or any(g.view is None or g.view[:-2] not in states for g in gemms)):
+            return ()
+        return states
+
     def flat(self, count: int, body, unroll: int = 1) -> list[str]:
         """A loop of all threads over ``count`` items, the index clamped (no condition around stores);
         ``unroll`` rounds at a time unrolled, so that a thread's loads of them are in flight together."""
@@ -497,9 +529,10 @@ class _Kernel:
     def stage_operand(self, g: _Gemm) -> list[str]:
         """The step's B x K operand into a_s[row * stride + k], VECTOR at a time where rows allow
         (16 bytes on tensor cores, whose rows are whole 16 bytes)."""
-        v = 16 // BYTES[g.operand_dtype] if g.tensor_cores else VECTOR
-        v = v if g.K % v == 0 and self.H % v == 0 else 1
+        v = self.staging_vector(g)
         per_row, count, a = g.K // v, g.B * g.K // v, self.operands[g.index]
+        if self.polled:
+            return self.poll_operand(g, v) + ['T.tvm_storage_sync("shared")']
 
         def body(q):
             lines = [f"for p_v in T.vectorized({v}):"] if v > 1 else []
@@ -509,6 +542,47 @@ class _Kernel:
             return lines + [("    " if v > 1 else "") + store]
 
         return self.flat(count, body, STAGING_UNROLL) + ['T.tvm_storage_sync("shared")']
+
+    def staging_vector(self, g: _Gemm) -> int:
+        v = 16 // BYTES[g.operand_dtype] if g.tensor_cores else VECTOR
+        return v if g.K % v == 0 and self.H % v == 0 else 1
+
+    def poll_operand(self, g: _Gemm, v: int) -> list[str]:
+        """The staging of ``stage_operand`` through the helpers of targets/cuda.py, from the second
+        step (the first stages the initial state): first one thread per unit group waits for the
+        first value that group's block writes of this block's rows (``halstm_wait_value``), then a
+        thread's STAGING_UNROLL vectors of v elements are loaded together and reloaded until none
+        holds the sentinel (``halstm_poll_stage``). Every thread polling every value from the start
+        was 10-50 % slower than the grid sync (H100, fp16, T=100: their loads crowd L2 while the
+        producers write); one waiter a producer first was 4-11 % faster on most shapes."""
+        per_row, count, a, word = g.K // v, g.B * g.K // v, self.operands[g.index], BYTES[g.operand_dtype]
+        waiter = f"p_w * {self.threads} + p_tx"
+        first = f'{g.view}.access_ptr("r", offset=({self.global_row("0")}) * {g.K} + ({waiter}) * {self.units})'
+        lines = [f"for p_w in range({-(-self.groups // self.threads)}):", f"    if {waiter} < {self.groups}:",
+                 f'        T.evaluate(T.call_extern("void", "halstm_wait_value<{word}>", t > 0, {first}))',
+                 'T.tvm_storage_sync("shared")']
+        rounds = -(-count // self.threads)
+        unroll = min(STAGING_UNROLL, rounds)
+        pointers = []
+        for u in range(unroll):
+            q = f"T.min((p_r * {unroll} + {u}) * {self.threads} + p_tx, {count - 1})"
+            row, k = f"{q} // {per_row}", f"{q} % {per_row} * {v}"
+            pointers += [f'{a.name}.access_ptr("w", offset={row} * {a.stride} + {k})',
+                         f'{g.view}.access_ptr("r", offset=({self.global_row(row)}) * {g.K} + {k})']
+        call = f'T.call_extern("void", "halstm_poll_stage<{v * word}, {word}>", t > 0, {", ".join(pointers)})'
+        return lines + [f"for p_r in range({-(-rounds // unroll)}):", f"    T.evaluate({call})"]
+
+    def fill_sentinel(self, state: str) -> list[str]:
+        """The state's sequence past the initial state, SENTINEL everywhere, shared out over the grid."""
+        T_, B, H, dtype = self.p.steps, self.p.batch, self.H, self.p.dtype
+        v = 16 // BYTES[dtype] if H % (16 // BYTES[dtype]) == 0 else 1  # 16-byte stores where rows allow
+        total, per_round = T_ * B * H // v, self.grid * self.threads
+        i = f"((p_r * {self.grid} + p_bx) * {self.threads} + p_tx)"
+        bits = 8 * BYTES[dtype]
+        sentinel = f'T.reinterpret("{dtype}", T.uint{bits}({SENTINEL[bits]}))'
+        return [f"for p_r in range({-(-total // per_round)}):", f"    if {i} < {total}:",
+                f"        for p_v in T.vectorized({v}):",
+                f"            {state}_seq[{B} + ({i} * {v} + p_v) // {H}, ({i} * {v} + p_v) % {H}] = {sentinel}"]
 
     def gemm_text(self, g: _Gemm) -> list[str]:
         """The GEMM's partial tiles, a sync, and their split-K sum."""
@@ -626,7 +700,13 @@ class _Kernel:
         work = f"(p_r * {NT} + p_tx)"
         local, ul = f"{work} // {U}", f"{work} % {U}"
         row, unit = self.global_row(local), f"{self.first_unit} + {ul}"
-        stores = [f"{name}[{row}, {unit}] = " + substitute(value, {ivs[0]: row, ivs[1]: unit, "p_lr": local, "p_ul": ul})
+        polled = {f"{s}_next" for s in self.polled}
+
+        def stored(name, value):  # the polled states never hold the sentinel's bits
+            return f'T.call_extern("{self.p.dtype}", "halstm_not_sentinel", {value})' if name in polled else value
+
+        stores = [f"{name}[{row}, {unit}] = "
+                  + stored(name, substitute(value, {ivs[0]: row, ivs[1]: unit, "p_lr": local, "p_ul": ul}))
                   for _, name, ivs, value in run]
         return [f"for p_r in range({-(-B * U // NT)}):", f"    if {work} < {B * U}:",
                 *indent(stores, 8).splitlines()]
@@ -667,7 +747,9 @@ class _Kernel:
         for name, size, dtype, scope in self.buffers():
             if scope == "shared.dyn" and not name.startswith("w_s"):
                 lines += self.zero(name, size, dtype)
-        return lines + ['T.tvm_storage_sync("shared")']
+        for state in self.polled:
+            lines += self.fill_sentinel(state)
+        return lines + ["T.cuda.grid_sync()" if self.polled else 'T.tvm_storage_sync("shared")']
 
     def step(self) -> list[str]:
         """One step: per stage the GEMM, then its elementwise blocks in one loop; grid syncs where a
@@ -687,7 +769,8 @@ class _Kernel:
             if stored:  # its operand was written unit by unit across the grid
                 lines.append("T.cuda.grid_sync()")
             lines += (self.stage_operand(b) if self.staged else []) + self.gemm_text(b)
-        return lines + ["T.cuda.grid_sync()"]
+        # polled: the next step's staging waits for the states; the block's own buffers, for its threads
+        return lines + ['T.tvm_storage_sync("shared")' if self.polled else "T.cuda.grid_sync()"]
 
     def func(self) -> tvm.tirx.PrimFunc:
         p, B, H = self.p, self.p.batch, self.H

@@ -133,16 +133,90 @@ def tf32_fragments(source: str) -> str:
     return _LOAD.sub(rounded, source)
 
 
+# Device functions that recipes call by name (T.call_extern), defined in a kernel's source where it
+# calls them. The persistent kernel's step synchronised through the states' values
+# (schedules/cuda_persistent.py, _Kernel.polled): the not-yet-written values hold a sentinel, a NaN
+# with every bit set, that no stored value may have.
+DEVICE_HELPERS = r"""
+template <int N> __device__ __forceinline__ void halstm_load_relaxed(unsigned int* w, const void* p) {
+  // N bytes (2, 4, 8 or 16) at p in global memory as 32-bit words, read past L1 (other SMs write them)
+  if (N == 16) asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                            : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p) : "memory");
+  else if (N == 8) asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p) : "memory");
+  else if (N == 4) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(w[0]) : "l"(p) : "memory");
+  else { unsigned short h; asm volatile("ld.relaxed.gpu.global.u16 %0, [%1];" : "=h"(h) : "l"(p) : "memory"); w[0] = h; }
+}
+
+template <int N, int W> __device__ __forceinline__ bool halstm_has_sentinel(const unsigned int* w) {
+  // whether any of the W-byte values in the N bytes is the sentinel
+  bool any = false;
+  for (int i = 0; i < (N + 3) / 4; ++i)
+    any |= W == 4 ? w[i] == 0xFFFFFFFFu : ((w[i] & 0xFFFFu) == 0xFFFFu || (N > 2 && (w[i] >> 16) == 0xFFFFu));
+  return any;
+}
+
+template <int N> __device__ __forceinline__ void halstm_store(void* p, const unsigned int* w) {
+  if (N == 16) *(uint4*)p = make_uint4(w[0], w[1], w[2], w[3]);
+  else if (N == 8) *(uint2*)p = make_uint2(w[0], w[1]);
+  else if (N == 4) *(unsigned int*)p = w[0];
+  else *(unsigned short*)p = (unsigned short)w[0];
+}
+
+template <int N, int W, typename... P> __device__ __forceinline__ void halstm_poll_stage(bool poll, P... pointers) {
+  // pointers: (destination, source) pairs of N bytes; the sources are all loaded at once, and with
+  // poll those holding a sentinel again (together) until none does; then stored
+  constexpr int n = sizeof...(P) / 2;
+  void* p[] = {(void*)pointers...};
+  unsigned int v[n][4];
+#pragma unroll
+  for (int i = 0; i < n; ++i) halstm_load_relaxed<N>(v[i], p[2 * i + 1]);
+  for (bool missing = poll; missing;) {
+    missing = false;
+#pragma unroll
+    for (int i = 0; i < n; ++i)
+      if (halstm_has_sentinel<N, W>(v[i])) { missing = true; halstm_load_relaxed<N>(v[i], p[2 * i + 1]); }
+  }
+#pragma unroll
+  for (int i = 0; i < n; ++i) halstm_store<N>(p[2 * i], v[i]);
+}
+
+template <int W> __device__ __forceinline__ void halstm_wait_value(bool poll, const void* p) {
+  // with poll, until the W-byte value at p is not the sentinel
+  unsigned int w[4];
+  if (poll) do { halstm_load_relaxed<W>(w, p); } while (halstm_has_sentinel<W, W>(w));
+}
+
+template <int N> struct halstm_bits;
+template <> struct halstm_bits<2> { typedef unsigned short type; static constexpr type sentinel = 0xFFFFu, nan = 0x7FFFu; };
+template <> struct halstm_bits<4> { typedef unsigned int type; static constexpr type sentinel = 0xFFFFFFFFu, nan = 0x7FFFFFFFu; };
+
+template <typename V> __device__ __forceinline__ V halstm_not_sentinel(V v) {
+  // v, or a canonical NaN where its bits are the sentinel's
+  typedef halstm_bits<sizeof(V)> B;
+  typename B::type b = *reinterpret_cast<typename B::type*>(&v);
+  if (b == B::sentinel) { b = B::nan; v = *reinterpret_cast<V*>(&b); }
+  return v;
+}
+"""
+
+
+def with_device_helpers(source: str) -> str:
+    """``source`` with DEVICE_HELPERS before its first kernel where it calls them."""
+    at = source.find('extern "C" __global__')
+    return source if "halstm_" not in source or at < 0 else source[:at] + DEVICE_HELPERS + "\n" + source[at:]
+
+
 @functools.cache
 def _rewrite_generated_source() -> None:
-    """Hook ``tf32_fragments`` into TVM's CUDA code generation (its ``tvm_callback_cuda_postproc``,
-    which sees every kernel's source before nvcc), after any hook already there. It rewrites only
-    fragment declarations that nvcc would reject, so other CUDA code built in the process is unchanged."""
+    """Hook ``tf32_fragments`` and ``with_device_helpers`` into TVM's CUDA code generation (its
+    ``tvm_callback_cuda_postproc``, which sees every kernel's source before nvcc), after any hook
+    already there. They rewrite only fragment declarations that nvcc would reject and add only
+    functions halstm's kernels call, so other CUDA code built in the process is unchanged."""
     name = "tvm_callback_cuda_postproc"
     before = tvm.get_global_func(name, allow_missing=True)
 
     def postproc(source, target):
-        return tf32_fragments(before(source, target) if before is not None else source)
+        return with_device_helpers(tf32_fragments(before(source, target) if before is not None else source))
 
     tvm.register_global_func(name, postproc, override=True)
 

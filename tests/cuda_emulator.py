@@ -22,7 +22,10 @@ class Memory:
         self.who, self.phase, self.interval = (0, 0), 0, 0
         self.seen = {}
 
-    def access(self, name, key, shared, value=None):
+    def access(self, name, key, shared, value=None, polled=False):
+        """Record one access; ``polled``: a read that waits for its value (it cannot race), not recorded."""
+        if polled:
+            return
         epoch = (self.phase, self.who[0]) if shared else self.interval
         for other, phase, wrote in self.seen.get((epoch, name, key), ()):
             if other == self.who or (other[0] == self.who[0] and phase != self.phase):
@@ -58,6 +61,19 @@ class Buffer:
     def view(self, row):
         return Buffer(self.name, self.array, self.memory, self.shared, row)
 
+    def flat_key(self, offset):
+        """The index of flat element ``offset`` (row-major) of this buffer or view."""
+        return divmod(offset, self.array.shape[1]) if self.array.ndim == 2 else offset
+
+    def poll(self, offset):
+        """The element a polling read returns: it waits until the value is no longer the sentinel
+        (NaN here), which in an emulation that runs phase by phase means it must be written by now."""
+        key = self._key(self.flat_key(offset))
+        self.memory.access(self.name, key, self.shared, polled=True)
+        if math.isnan(self.array[key]):
+            raise Race(f"{self.name}{list(key)} polled before anyone wrote it (the kernel would wait forever)")
+        return self.array[key]
+
     def access_ptr(self, mask, ptr_type=None, offset=0):
         return self, offset
 
@@ -79,8 +95,7 @@ def tile(pointer, ldm, layout):
     offset into a 2-D buffer (a state in global memory) becomes (row, column)."""
     buffer, offset = pointer
     at = (lambda r, c: offset + r * ldm + c) if layout == "row_major" else (lambda r, c: offset + c * ldm + r)
-    columns = buffer.array.shape[1] if buffer.array.ndim == 2 else None
-    return [(buffer, divmod(at(r, c), columns) if columns else at(r, c), r, c) for r in range(16) for c in range(16)]
+    return [(buffer, buffer.flat_key(at(r, c)), r, c) for r in range(16) for c in range(16)]
 
 
 class T:
@@ -88,6 +103,30 @@ class T:
 
     min, max, unroll, vectorized = min, max, range, range
     float32 = float
+    uint16 = uint32 = int
+
+    @staticmethod
+    def reinterpret(dtype, bits):
+        """Only the polled states' sentinel (schedules/cuda_persistent.py) is reinterpreted: NaN."""
+        return math.nan
+
+    @staticmethod
+    def call_extern(dtype, name, *args):
+        """The device helpers of targets/cuda.py that kernels call."""
+        if name == "halstm_not_sentinel":
+            return args[0]
+        if name.startswith("halstm_wait_value<"):
+            (src, offset), = args[1:]
+            if args[0]:
+                src.poll(offset)
+            return None
+        assert name.startswith("halstm_poll_stage<"), name
+        size, word = map(int, name[name.index("<") + 1:-1].split(","))
+        poll, pointers = args[0], args[1:]
+        for (dst, at), (src, offset) in zip(pointers[::2], pointers[1::2]):
+            for e in range(size // word):
+                value = src.poll(offset + e) if poll else src[src.flat_key(offset + e)]
+                dst[dst.flat_key(at + e)] = value
     tanh, exp = math.tanh, math.exp
 
     @staticmethod

@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 import tvm
-from conftest import TOLERANCE, gpu_available, random_inputs, rel_err, upcast
+from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
 from cuda_emulator import Buffer, Memory, Race, T
 from halstm.schedules import CudaPersistent
 from halstm.schedules.cuda_persistent import _Gemm, _Kernel, _warp_frags
@@ -38,7 +38,7 @@ def test_step_operand_is_staged_in_shared_memory():
     """h (B x K, written by every block before the grid sync) goes into shared memory once a step, four
     elements a thread at a time; the GEMM reads it and the weights only from there, and its result
     stays in shared memory (no global gemm buffer)."""
-    text = _step_text(_program())
+    text = _step_text(_program(), poll_states=False)
     assert re.search(r'a_s1 = T.sblock_alloc_buffer\(\(\d+,\), scope="shared.dyn"\)', text)
     staging = re.search(r"for p_v in T.vectorized\(4\):\n\s+a_s1\[.*\] = h_seq\[t \* 16 \+ ", text)
     assert staging, "the operand is not staged from h's sequence, vectorised"
@@ -267,9 +267,35 @@ def test_defaults_split_k_over_the_threads():
 def test_cells_with_dependent_gates_keep_their_extra_grid_sync():
     text = _step_text(_program(halstm.ResetBeforeGRU, batch=3))
     step = text[text.index('T.sblock("step")'):]
-    assert step.count("T.cuda.grid_sync()") == 2
-    text = _step_text(_program(halstm.LSTM, batch=3))
+    assert step.count("T.cuda.grid_sync()") == 2 and "halstm_poll_stage" not in step
+    text = _step_text(_program(halstm.LSTM, batch=3), poll_states=False)
     assert text[text.index('T.sblock("step")'):].count("T.cuda.grid_sync()") == 1
+
+
+@pytest.mark.parametrize("dtype, call", [("float16", "halstm_poll_stage<16, 2>"), ("float32", "halstm_poll_stage<16, 4>")])
+def test_polled_states_replace_the_step_grid_sync(dtype, call):
+    """LSTM: h's sequence past the initial state is filled with the sentinel before the time loop
+    (then the only grid sync); each step stages h through the polling helper (tensor cores at fp16:
+    8 halves a vector; FFMA at fp32: 4 floats), stores h through halstm_not_sentinel (c, which no
+    other block reads, as it is), and ends with a block's sync."""
+    text = _step_text(_program(dtype=dtype))
+    setup, step = text[:text.index('T.sblock("step")')], text[text.index('T.sblock("step")'):]
+    assert setup.count("T.cuda.grid_sync()") == 1 and "grid_sync" not in step
+    assert re.search(r"h_seq\[16 \+ .*\] = T.reinterpret\(", setup) and "c_seq[16" not in setup
+    assert step.count(call) == 1 and "t > 0" in step
+    assert re.search(r'h_next\[.*\] = T.call_extern\("' + dtype + '", "halstm_not_sentinel"', step)
+    assert not re.search(r'c_next\[.*\] = T.call_extern', step)
+    assert step.rstrip().endswith('T.tvm_storage_sync("shared", T.bool(False), -1)')
+
+
+def test_polled_kernel_compiles_with_its_helpers(tmp_path):
+    """The helpers come with the kernel's source (targets/cuda.py), which nvcc compiles."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not found")
+    f = halstm.compile(halstm.GRU(24, 24), 3, 16, "float16", target=H100, recipe="cuda-persistent")
+    source = f.module.imports[0].inspect_source()
+    assert "halstm_poll_stage<" in source and "template <int N, int W, typename... P>" in source
+    assert_nvcc_compiles(source, tmp_path)
 
 
 def _persistent_kernel(source: str, name: str) -> tuple[str, str]:
@@ -406,8 +432,10 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
     # registers live across phases: one set a thread
     threads = [[{n: np.zeros(size) for n, size in registers.items()} for _ in range(kernel.threads)]
                for _ in range(kernel.grid)]
-    (setup, _), = _phases(kernel.setup())
-    run(setup, 0)
+    for code, grid in _phases(kernel.setup()):
+        memory.phase += 1
+        run(code, 0)
+        memory.interval += grid
     phases = _phases(kernel.step())
     for t in range(steps):
         for code, grid in phases:
@@ -514,6 +542,24 @@ def test_emulator_finds_a_race():
             _emulate(halstm.LSTM(I, H), 2, B, {"tensor_cores": False, **knobs})
     finally:
         _Kernel.step = step
+
+
+def test_emulator_finds_a_step_that_does_not_wait_for_the_states():
+    """Polled states without the polling (plain staging, no grid sync): the emulation reports that
+    a block reads h that other blocks write."""
+    B, I, H, knobs = EMULATED[0]
+    poll = _Kernel.poll_operand
+
+    def plain(self, g, v):
+        lines = poll(self, g, v)
+        return [line.replace("t > 0", "False") for line in lines]
+
+    try:
+        _Kernel.poll_operand = plain
+        with pytest.raises(Race, match="h_seq"):
+            _emulate(halstm.LSTM(I, H), 2, B, {"tensor_cores": False, **knobs})
+    finally:
+        _Kernel.poll_operand = poll
 
 
 # --- on a GPU ------------------------------------------------------------------------------------

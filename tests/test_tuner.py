@@ -76,12 +76,13 @@ class Unreliable(Recipe):
 @pytest.mark.parametrize("builders", (1, 3), ids=("compiled-when-timed", "compiled-first-on-3"))
 def test_failed_candidates_are_recorded_and_skipped(builders, tmp_path):
     """Every way a candidate fails is recorded, whether it is compiled in the measuring process or
-    first by builder processes (then a compile that hangs or kills its builder is one failure)."""
+    first by builder processes (then a compile that hangs or kills its builder is one failure; the
+    default is a round of its own, then three of its four neighbours, as many as builders)."""
     db = Database(tmp_path / "db.jsonl")
     logged = []
     best = tune(halstm.GRU(8, 8), 3, 2, database=db, recipes=[Unreliable()], trials=None, timeout=30,
                 log=logged.append, builders=builders)
-    assert any(line.startswith("built [5/5] on 3 processes") for line in logged) == (builders == 3)
+    assert any(line.startswith("built [3/3] on 3 processes") for line in logged) == (builders == 3)
     errors = {r.knobs["mode"]: r.error for r in db.records()}
     assert errors["ok"] is None and best.knobs == {"mode": "ok"}
     assert "does not compile" in errors["raise"]
@@ -117,18 +118,37 @@ def test_info_summarises_a_database(tmp_path, capsys):
     assert "GRU I=4 H=4 T=3 B=2 float32 on llvm: 2 measured (1 failed), best 2.000 ms" in out
 
 
-def test_candidates_interleave_recipes_and_their_switches():
-    """A short budget tries both recipes and, within the step loop, tensor cores on and off (its
-    FFMA settings outnumber the tensor-core ones a hundredfold)."""
-    from halstm.schedules import CudaPersistent, CudaStepLoop
-    from halstm.schedules.cuda_tensorcore import tensorize_works
-    from halstm.targets import CudaTarget
-    from halstm.tuner import candidates
+class Grid(Recipe):
+    """Two knobs and a default, nothing to compile: what the search plans over."""
 
-    if not tensorize_works():
-        pytest.skip("Schedule.tensorize does not work with this apache-tvm-ffi")
-    program = lower(halstm.LSTM(512, 512), steps=2, batch=64, dtype="float16")
-    first = candidates(program, CudaTarget("sm_90", sms=132), [CudaStepLoop(), CudaPersistent()], limit=8)
-    step_loop = [k for r, k in first if r.name == "cuda-step-loop"]
-    assert len(step_loop) == 4 and {k["tensor_cores"] for k in step_loop[1:3]} == {True, False}
-    assert {k["tensor_cores"] for r, k in first if r.name == "cuda-persistent"} == {True, False}
+    def __init__(self, name, default):
+        self.name, self.default = name, default
+        self.knobs = {"a": (0, 1, 2, 3), "b": (0, 1, 2)}
+
+    def defaults(self, program, target):
+        return self.default
+
+    def is_applicable(self, program, target):
+        return True
+
+
+def test_rounds_start_at_the_defaults_then_search_nearest_the_fastest():
+    from halstm.database import candidate_id
+    from halstm.tuner import next_round, spaces
+
+    fast, slow = Grid("fast", {"a": 1, "b": 1}), Grid("slow", {"a": 0, "b": 0})
+    searched = spaces(None, None, [fast, slow])
+    assert [(r.name, len(k)) for r, k in searched] == [("fast", 12), ("slow", 12)]
+    assert [(r.name, k) for r, k in next_round(searched, {}, 4)] == [("fast", fast.default), ("slow", slow.default)]
+
+    results = {candidate_id("fast", fast.default): 1.0, candidate_id("slow", slow.default): 2.0}
+    first = next_round(searched, results, 5)  # fast's 5 neighbours; slow (2x slower) waits
+    assert {r.name for r, _ in first} == {"fast"}
+    assert sorted((k["a"], k["b"]) for _, k in first) == [(0, 1), (1, 0), (1, 2), (2, 1), (3, 1)]
+
+    results |= {candidate_id("fast", k): 0.5 if k == {"a": 3, "b": 1} else 1.5 for _, k in first}
+    second = next_round(searched, results, 2)  # around the new fastest, a=3 b=1
+    assert [(k["a"], k["b"]) for _, k in second] in ([(3, 0), (3, 2)], [(3, 2), (3, 0)])
+
+    results |= {candidate_id("fast", k): 1.5 for _, k in next_round(searched, results, 12)}
+    assert {r.name for r, _ in next_round(searched, results, 12)} == {"slow"}, "fast is exhausted"
