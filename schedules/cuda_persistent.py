@@ -530,9 +530,9 @@ class _Kernel:
         """The step's B x K operand into a_s[row * stride + k], VECTOR at a time where rows allow
         (16 bytes on tensor cores, whose rows are whole 16 bytes)."""
         v = self.staging_vector(g)
-        per_row, count, a = g.K // v, g.B * g.K // v, self.operands[g.index]
         if self.polled:
             return self.poll_operand(g, v) + ['T.tvm_storage_sync("shared")']
+        per_row, count, a = g.K // v, g.B * g.K // v, self.operands[g.index]
 
         def body(q):
             lines = [f"for p_v in T.vectorized({v}):"] if v > 1 else []
@@ -544,6 +544,7 @@ class _Kernel:
         return self.flat(count, body, STAGING_UNROLL) + ['T.tvm_storage_sync("shared")']
 
     def staging_vector(self, g: _Gemm) -> int:
+        """Elements of the operand a thread stages at once."""
         v = 16 // BYTES[g.operand_dtype] if g.tensor_cores else VECTOR
         return v if g.K % v == 0 and self.H % v == 0 else 1
 
