@@ -23,7 +23,9 @@ storage dtype. Then per step and stage:
                           part, part + S, ... (S split-K parts over the warps; the batch padded to 16
                           rows with zeros, the columns to 16), each operand fragment (staged, or where
                           it does not fit loaded straight from the state in global memory) feeding
-                          the F mma; stored to shared memory (store_matrix_sync)
+                          the F mma; the weight fragments loaded once before the time loop and kept
+                          in registers where they fit (knob "resident_weights"); stored to shared
+                          memory (store_matrix_sync)
     __syncthreads
     split-K sum           one thread per output adds the S partial tiles (when S > 1); __syncthreads
     fused elementwise     the expression of the cell's own block, printed from the step program, its
@@ -96,6 +98,9 @@ VECTOR = 4  # k a thread moves at once: operand staging, and shared memory to re
 # (128, 256, 512: 2.8, 2.5, 2.5 ms), against 4.4 us at B=16, H=512 (16 KB).
 STAGING_UNROLL = 8
 MAX_TILE_REGISTERS = 64  # accumulators + operand registers a thread may hold (spills beyond)
+# Weight fragments a warp may keep in registers for all steps (knob resident_weights): 4 registers
+# each at fp16/bf16 (16 x 16 halfs over 32 lanes), 64 at most beside the accumulators.
+MAX_RESIDENT_FRAGS = 16
 # The bits a polled state's sequence holds until its value is written (``_Kernel.polled``), by width:
 # a NaN with every bit set, which no arithmetic produces (canonical NaNs are positive).
 SENTINEL = {16: 0xFFFF, 32: 0xFFFFFFFF}
@@ -110,9 +115,9 @@ class CudaPersistent(Recipe):
     many partials serially); ``stage_operand`` stages the step's operand in shared memory where it
     fits beside the weights (else the GEMM reads it from global memory); ``poll_states`` ends a step
     without a grid sync where the next one can wait for the states it stages (``_Kernel.polled``);
-    ``warp_frags`` caps the
-    16-column fragments a warp accumulates on tensor cores (each operand fragment it loads feeds
-    that many mma; ``_warp_frags`` picks them)."""
+    ``warp_frags`` caps the 16-column fragments a warp accumulates on tensor cores (each operand
+    fragment it loads feeds that many mma; ``_warp_frags`` picks them); ``resident_weights`` keeps a
+    warp's weight fragments in registers for all steps where at most MAX_RESIDENT_FRAGS fit."""
 
     name = "cuda-persistent"
     knobs = {
@@ -128,6 +133,8 @@ class CudaPersistent(Recipe):
         # the step's end synchronised through the staged states' values instead of a grid sync
         "poll_states": (True, False),
         "warp_frags": (4, 1, 2),
+        # a warp's weight fragments loaded once into registers, not from shared memory every step
+        "resident_weights": (True, False),
         # the hoisted input GEMM's fragments on tensor cores, as the step loop's knob (cuda.py)
         "tc_hoisted_frags": (2, 4, 1),
     }
@@ -158,14 +165,18 @@ class CudaPersistent(Recipe):
 
     def valid(self, program, target, knobs) -> bool:
         """It runs; tc_hoisted_frags stays at its first value where the hoisted GEMM is not on
-        tensor cores, stage_operand and poll_states where they change nothing (the operand is not
-        staged anyway, or cannot stream; no state is polled): each would only repeat a candidate."""
+        tensor cores, stage_operand, poll_states and resident_weights where they change nothing (the
+        operand is not staged anyway, or cannot stream; no state is polled; no warp's weight fragments
+        fit in registers): each would only repeat a candidate."""
         first = knobs["tc_hoisted_frags"] == self.knobs["tc_hoisted_frags"][0]
         hoisted = _prologue_knobs(program, target, knobs)
         if not ((first or use_tensor_cores(hoisted, program, target)) and self.runs(program, target, knobs)):
             return False
         kernel = _Kernel.plan(program, target, knobs)
         if not (knobs["poll_states"] or _Kernel.plan(program, target, {**knobs, "poll_states": True}).polled):
+            return False
+        resident = _Kernel.plan(program, target, {**knobs, "resident_weights": True}).blocks
+        if not (knobs["resident_weights"] or any(isinstance(g, _Gemm) and g.resident for g in resident)):
             return False
         staged = _Kernel.plan(program, target, {**knobs, "stage_operand": True}).staged
         return knobs["stage_operand"] or staged and not kernel.staged
@@ -192,10 +203,10 @@ class CudaPersistent(Recipe):
 
     def space(self, program, target) -> list[dict]:
         """As Recipe.space, but the knobs that change nothing are not enumerated (they stay at their
-        first value): the register tile on tensor cores, warp_frags on FFMA."""
+        first value): the register tile on tensor cores, warp_frags and resident_weights on FFMA."""
         out = []
         for on in self.knobs["tensor_cores"]:
-            moot = ("tensor_cores", "tile_rows", "tile_cols") if on else ("tensor_cores", "warp_frags")
+            moot = ("tensor_cores", "tile_rows", "tile_cols") if on else ("tensor_cores", "warp_frags", "resident_weights")
             names = [n for n in self.knobs if n not in moot]
             out += [k for k in self.settings(names, {"tensor_cores": on}) if self.valid(program, target, k)]
         return out
@@ -281,6 +292,7 @@ class _Gemm:
     threads: int
     tensor_cores: bool = False
     view: str | None = None  # the buffer the operand is, read as stored at (row, k): h_t, or a scratch
+    resident: bool = False  # the warp's weight fragments in registers for all steps (tensor cores)
 
     @classmethod
     def sized(cls, index, gemm, operand, dtype, view, B, C, knobs, weights_dtype) -> _Gemm:
@@ -301,6 +313,7 @@ class _Gemm:
         g = cls(index, gemm.name, operand, dtype, B, C, K, tm, tn, 1, NT, tc, view)
         while 2 * g.split <= knobs["max_split"] and 2 * g.split * g.tiles <= g.workers and 2 * g.split * g.width <= K:
             g.split *= 2
+        g.resident = tc and knobs["resident_weights"] and g.rounds == 1 and g.chunks * g.frags <= MAX_RESIDENT_FRAGS
         return g
 
     @property
@@ -605,34 +618,58 @@ class _Kernel:
             lines += self.flat(g.B * g.ldc, body) + ['T.tvm_storage_sync("shared")']
         return lines
 
+    def warp_tile(self, g: _Gemm) -> tuple[str, str, str, str, str]:
+        """(work, part, row, column, k of chunk p_c) of this warp's tile on tensor cores."""
+        warp = "p_tx // 32"
+        work = warp if g.rounds == 1 else f"(p_t * {g.workers} + {warp})"
+        part, tile = f"{work} % {g.split}", f"{work} // {g.split}"
+        row, col = f"{tile} // {g.ldc // g.tn} * {FRAG}", f"{tile} % {g.ldc // g.tn} * {g.tn}"
+        return work, part, row, col, f"(p_c * {g.split} + {part}) * {FRAG}"
+
+    def load_fragment(self, frag: str, index: str, buffer: str, offset: str, stride, layout: str) -> str:
+        pointer = f'{buffer}.access_ptr("r", ptr_type="{self.p.dtype}", offset={offset})'
+        return (f"T.evaluate(T.tvm_load_matrix_sync({frag}.data, 16, 16, 16, {index}, {pointer}, {stride}, "
+                f'"{layout}", dtype="void"))')
+
+    def resident_weights(self, g: _Gemm) -> list[str]:
+        """Before the time loop: the weight fragments of each of this warp's chunks into wf (registers),
+        which the step's GEMM then uses in place of loads from w_s. Measured (H100, LSTM fp16
+        (100,16,512)): cuDNN's persistent kernel keeps its weights in registers (144 a thread) and
+        issued a third of the instructions of this kernel reloading them from shared memory (runs 46-47)."""
+        work, _, _, col, k = self.warp_tile(g)
+        F, i = g.frags, g.index
+        load = self.load_fragment(f"wf{i}", f"p_c * {F} + p_f", f"w_s{i}", f"({col} + p_f * {FRAG}) * {g.stride} + {k}",
+                                  g.stride, "col_major")
+        lines = [f"for p_c in T.unroll({g.chunks}):", f"    for p_f in T.unroll({F}):", f"        {load}"]
+        if g.idle:
+            lines = [f"if {work} < {g.tiles * g.split}:", *indent(lines, 4).splitlines()]
+        size = {name: n for name, n, *_ in self.buffers()}
+        return [f'with T.sblock("resident_weights{i}"):', f"    T.reads(w_s{i}[0:{size[f'w_s{i}']}])",
+                f"    T.writes(wf{i}[0:{size[f'wf{i}']}])", *indent(lines, 4).splitlines()]
+
     def tensor_core_text(self, g: _Gemm) -> list[str]:
         """Warp (tile, part) multiplies 16 x 16 fragments of the operand (row-major: staged, or the
         state in global memory) and of the weight columns (column-major: k contiguous) into its tile's
         ``frags`` accumulators, fp32, each operand fragment feeding all of them, and stores its tile to
         part[part][row * ldc + column]; warps without a tile store zeros to the spare fragments."""
-        S, i, F, dtype = g.split, g.index, g.frags, self.p.dtype
-        warp = "p_tx // 32"
-        work = warp if g.rounds == 1 else f"(p_t * {g.workers} + {warp})"
-        part, tile = f"{work} % {S}", f"{work} // {S}"
-        row, col = f"{tile} // {g.ldc // g.tn} * {FRAG}", f"{tile} % {g.ldc // g.tn} * {g.tn}"
-        k = f"(p_c * {S} + {part}) * {FRAG}"
-
-        def load(frag, buffer, offset, stride, layout):
-            pointer = f'{buffer}.access_ptr("r", ptr_type="{dtype}", offset={offset})'
-            return (f"T.evaluate(T.tvm_load_matrix_sync({frag}.data, 16, 16, 16, 0, {pointer}, {stride}, "
-                    f'"{layout}", dtype="void"))')
-
+        S, i, F = g.split, g.index, g.frags
+        work, part, row, col, k = self.warp_tile(g)
+        load = self.load_fragment
         if self.staged:
             a = self.operands[i]
-            source, load_a = a.name, load("a_f", a.name, f"({row}) * {a.stride} + {k}", a.stride, "row_major")
+            source, load_a = a.name, load("a_f", "0", a.name, f"({row}) * {a.stride} + {k}", a.stride, "row_major")
         else:  # each fragment straight from global memory (a deeper ring of them in flight: no faster)
-            source, load_a = g.view, load("a_f", g.view, f"({self.global_row(row)}) * {g.K} + {k}", g.K, "row_major")
-        compute = [f"for p_c in range({g.chunks}):", f"    {load_a}",
-                   f"    for p_f in T.unroll({F}):",
-                   "        " + load("b_f", f"w_s{i}", f"({col} + p_f * {FRAG}) * {g.stride} + {k}", g.stride,
-                                     "col_major"),
-                   "        T.evaluate(T.tvm_mma_sync(acc_f.data, p_f, a_f.data, 0, b_f.data, 0, acc_f.data, p_f, "
-                   'dtype="void"))']
+            source = g.view
+            load_a = load("a_f", "0", g.view, f"({self.global_row(row)}) * {g.K} + {k}", g.K, "row_major")
+        if g.resident:  # unrolled: a fragment's index must be a constant to stay in registers
+            b, loop, load_b = (f"wf{i}", f"p_c * {F} + p_f"), f"T.unroll({g.chunks})", []
+        else:
+            b, loop = ("b_f", "0"), f"range({g.chunks})"
+            load_b = ["        " + load("b_f", "0", f"w_s{i}", f"({col} + p_f * {FRAG}) * {g.stride} + {k}", g.stride,
+                                        "col_major")]
+        compute = [f"for p_c in {loop}:", f"    {load_a}", f"    for p_f in T.unroll({F}):", *load_b,
+                   f"        T.evaluate(T.tvm_mma_sync(acc_f.data, p_f, a_f.data, 0, {b[0]}.data, {b[1]}, acc_f.data, "
+                   'p_f, dtype="void"))']
         target = f"{part} * {g.partial_stride} + ({row}) * {g.ldc} + {col}"
         if g.idle:
             compute = [f"if {work} < {g.tiles * S}:", *indent(compute, 4).splitlines()]
@@ -648,11 +685,14 @@ class _Kernel:
         # its own block: TVM cannot infer what the fragment calls read and write (pointers)
         size = {name: n for name, n, *_ in self.buffers()}
         read = f"{source}[0:{size[source]}]" if self.staged else f"{source}[0:{self.p.batch}, 0:{g.K}]"
+        dtype = self.p.dtype
         fragments = [f'{name} = T.sblock_alloc_buffer(({n * FRAG * FRAG},), "{dt}", scope="wmma.{scope}")'
                      for name, n, dt, scope in (("a_f", 1, dtype, "matrix_a"), ("b_f", 1, dtype, "matrix_b"),
-                                                ("acc_f", F, "float32", "accumulator"))]
+                                                ("acc_f", F, "float32", "accumulator"))
+                     if not (name == "b_f" and g.resident)]
+        weights = f"wf{i}" if g.resident else f"w_s{i}"
         return [f'with T.sblock("tensor_core_gemm{i}"):',
-                f"    T.reads({read}, w_s{i}[0:{size[f'w_s{i}']}])",
+                f"    T.reads({read}, {weights}[0:{size[weights]}])",
                 f"    T.writes(part{i}[0:{size[f'part{i}']}])",
                 *indent(fragments + lines, 4).splitlines()]
 
@@ -734,6 +774,8 @@ class _Kernel:
         if ffma:
             out += [("a_r", max(g.tm for g in ffma) * VECTOR, "float32", "local"),
                     ("w_r", max(g.tn for g in ffma) * VECTOR, "float32", "local")]
+        out += [(f"wf{g.index}", g.chunks * g.frags * FRAG * FRAG, self.p.dtype, "wmma.matrix_b")
+                for g in gemms if g.resident]
         return out
 
     def setup(self) -> list[str]:
@@ -750,6 +792,11 @@ class _Kernel:
                 lines += self.zero(name, size, dtype)
         for state in self.polled:
             lines += self.fill_sentinel(state)
+        resident = [g for g in self.blocks if isinstance(g, _Gemm) and g.resident]
+        if resident:  # from the weights in shared memory, once they are all there
+            lines.append('T.tvm_storage_sync("shared")')
+        for g in resident:
+            lines += self.resident_weights(g)
         return lines + ["T.cuda.grid_sync()" if self.polled else 'T.tvm_storage_sync("shared")']
 
     def step(self) -> list[str]:

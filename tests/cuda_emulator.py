@@ -89,6 +89,10 @@ class Fragment:
     def data(self):
         return self
 
+    def __getitem__(self, region):
+        """A region in T.reads/T.writes (fragments held across the steps: resident weights)."""
+        return self
+
 
 def tile(pointer, ldm, layout):
     """The 16 x 16 tile a WMMA load reads or a store writes: (buffer, index of (r, c), r, c); a flat

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tvm
 from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
-from cuda_emulator import Buffer, Memory, Race, T
+from cuda_emulator import Buffer, Fragment, Memory, Race, T
 from halstm.schedules import CudaPersistent
 from halstm.schedules.cuda_persistent import _Gemm, _Kernel, _warp_frags
 from halstm.targets import CudaTarget
@@ -95,8 +95,8 @@ def test_reset_before_gru_stages_one_operand_for_both_gemms():
     assert knobs["tensor_cores"] and kernel.staged
     assert [name for name, *_ in kernel.buffers() if name.startswith("a_s")] == ["a_s1"]
     assert kernel.shared_bytes() == _allocated_shared_bytes(program, **old) == 228864 <= H100.shared_memory
-    _, source = _generate(halstm.ResetBeforeGRU(32, 1024), 2, 64, "float16")
-    assert source.count("wmma::mma_sync(") == 2
+    _, source = _generate(halstm.ResetBeforeGRU(32, 1024), 2, 64, "float16", {"resident_weights": False})
+    assert source.count("wmma::mma_sync(") == 2  # one loop of mma per GEMM: both on tensor cores
 
 
 def test_fp16_weights_and_operand_stay_fp16_in_shared_memory():
@@ -130,6 +130,20 @@ def test_step_gemm_runs_on_tensor_cores(dtype):
     text = _step_text(_program(halstm.ResetBeforeGRU, dtype=dtype))
     assert text.count("T.tvm_mma_sync(") == 2 and "a_r[" not in text
     assert re.search(rf'a_s\d+\[[^\n]*\] = T.Cast\("{dtype}", gemm\d+_operand\[', text)
+
+
+def test_resident_weight_fragments_load_once_before_the_time_loop():
+    """LSTM fp16 B=16 H=512: each warp's 4 weight fragments (4 chunks of K, 1 column fragment) are
+    loaded from shared memory into wf before the time loop, unrolled (constant indices keep them in
+    registers); the step's mma use them and load no weights. Without the knob, the step loads b_f."""
+    program = _program(dtype="float16")
+    text = _step_text(program)
+    setup, step = text[:text.index("for t in range(")], text[text.index("for t in range("):]
+    assert 'wf1 = T.sblock_alloc_buffer((1024,), "float16", scope="wmma.matrix_b")' in setup
+    assert "for p_c in T.unroll(4):" in setup and "T.tvm_load_matrix_sync(wf1.data, 16, 16, 16, p_c + p_f" in setup
+    assert "wf1.data, p_c + p_f" in step and "T.tvm_load_matrix_sync(b_f" not in step and "for p_c in T.unroll(4)" in step
+    step = _step_text(program, resident_weights=False)
+    assert "wf1" not in step and "T.tvm_load_matrix_sync(b_f" in step
 
 
 def test_hoisted_gemm_runs_on_tensor_cores():
@@ -315,9 +329,9 @@ def _ptxas(sources: list[str], tmp_path) -> str:
                            str(path)], capture_output=True, text=True, check=True).stderr
 
 
-def _generate(cell, steps: int, batch: int, dtype: str) -> tuple[str, str]:
+def _generate(cell, steps: int, batch: int, dtype: str, knobs: dict | None = None) -> tuple[str, str]:
     """The persistent kernel's CUDA source (no nvcc needed: the module holds source until it loads)."""
-    f = halstm.compile(cell, steps, batch, dtype, target=H100, recipe="cuda-persistent")
+    f = halstm.compile(cell, steps, batch, dtype, target=H100, recipe="cuda-persistent", knobs=knobs)
     assert f.recipe.name == "cuda-persistent"
     return _persistent_kernel(f.module.imports[0].inspect_source(), f"persistent_{batch}_{cell.hidden_size}")
 
@@ -367,7 +381,8 @@ def test_streamed_operand_compiles(dtype, tmp_path):
 @NVCC
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_register_tile_stays_in_registers(dtype, tmp_path):
-    """ptxas: no stack frame (the tile's arrays are registers, not local memory). Cells with two grid
+    """ptxas: no stack frame (the tile's arrays and, at fp16, the resident weight fragments are
+    registers, not local memory). Cells with two grid
     syncs may show a few bytes: registers saved around the grid sync's call."""
     f = halstm.compile(halstm.LSTM(512, 512), 2, 16, dtype, target=H100, recipe="cuda-persistent")
     out = _ptxas([_persistent_kernel(f.module.imports[0].inspect_source(), "persistent")], tmp_path)
@@ -417,7 +432,7 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
             env[name] = Buffer(name, np.zeros((B, H)), memory)
     blocks = [{n: Buffer(n, np.full(size, np.nan), memory, shared=True) for n, size, _, scope in kernel.buffers()
                if scope == "shared.dyn"} for _ in range(kernel.grid)]
-    registers = {n: size for n, size, _, scope in kernel.buffers() if scope == "local"}
+    registers = {n: (size, scope) for n, size, _, scope in kernel.buffers() if scope == "local" or "wmma" in scope}
 
     def run(code, t):
         for bx in range(kernel.grid):
@@ -430,8 +445,8 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
                 exec(code, {**env, **views, **blocks[bx], **threads[bx][tx], "p_bx": bx, "p_tx": tx, "t": t})  # noqa: S102
 
     # registers live across phases: one set a thread
-    threads = [[{n: np.zeros(size) for n, size in registers.items()} for _ in range(kernel.threads)]
-               for _ in range(kernel.grid)]
+    threads = [[{n: Fragment((size,)) if "wmma" in scope else np.zeros(size) for n, (size, scope) in registers.items()}
+                for _ in range(kernel.threads)] for _ in range(kernel.grid)]
     for code, grid in _phases(kernel.setup()):
         memory.phase += 1
         run(code, 0)
@@ -479,13 +494,20 @@ def test_emulated_step_text_matches_reference_without_races(cell, shape, staged)
     _check_emulation(cell, *shape, staged)
 
 
+@pytest.mark.parametrize("resident", [True, False], ids=["resident-weights", "weights-from-shared"])
 @pytest.mark.parametrize("shape", TENSOR_CORES, ids=lambda s: "B{}-I{}-H{}".format(*s[:3]))
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
-def test_emulated_tensor_core_text_matches_reference_without_races(cell, shape):
+def test_emulated_tensor_core_text_matches_reference_without_races(cell, shape, resident):
     """The WMMA calls emulated on whole tiles (fragment loads, mma, stores at the offsets and leading
-    dimensions the text gives): index math, padding and the split-K parts, in float64."""
+    dimensions the text gives): index math, padding and the split-K parts, in float64; the weight
+    fragments loaded once before the time loop (kept in registers) or from shared memory every step."""
     B, I, H, units, threads = shape
-    knobs = {"threads": threads, "units": units, "tile_rows": 1, "tile_cols": 1, "max_split": 32, "tensor_cores": True}
+    knobs = {"threads": threads, "units": units, "tile_rows": 1, "tile_cols": 1, "max_split": 32, "tensor_cores": True,
+             "resident_weights": resident}
+    program = _program(cell, batch=B, hidden=H, inputs=I)
+    kernel = _Kernel.plan(program, H100, CudaPersistent().resolve(program, H100, knobs))
+    gemms = [g for g in kernel.blocks if isinstance(g, _Gemm)]
+    assert [g.resident for g in gemms] == [resident and g.rounds == 1 for g in gemms]
     _check_emulation(cell, B, I, H, knobs)
 
 
