@@ -5,7 +5,8 @@
 
 Per cell, shape and dtype (I=H): the default compile (no database), a tuning run (its records in
 DIR/tuning.jsonl), the tuned compile, and torch.nn.LSTM or GRU (cuDNN on a GPU; in fp32 also with TF32
-off), each timed as the median of 20 calls after warm-up on the same inputs. Writes
+off), each timed as the median of 20 calls after warm-up on the same inputs, the first three side by
+side (one call of each in turn). Writes
 DIR/tune-results.md. dtype tf32: float32 tensors compiled with allow_tf32 (cuDNN with TF32, its
 default). The tuner compiles candidates on the CPU's cores less one before timing them.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 import halstm
-from halstm.bench import median_ms
+from halstm.bench import alternating_median_ms, median_ms
 from halstm.database import Database
 from halstm.targets import resolve
 
@@ -34,15 +35,15 @@ def measure_shape(cell_name, T, B, H, name, target, device, sync, db, trials) ->
     x = torch.randn(T, B, H, device=device).to(dt)
     params = {k: torch.from_numpy(v).to(device, dt) for k, v in cell.init_parameters(seed=0).items()}
     default = halstm.compile(cell, T, B, dtype, target=target, database=False, allow_tf32=tf32)
-    default_ms = median_ms(default.prepare(x, params), 20, warmup=3, sync=sync)
     start = time.perf_counter()
     halstm.tune(cell, T, B, dtype, target, database=db, trials=trials, allow_tf32=tf32)
     tuning_s = time.perf_counter() - start
     tuned = halstm.compile(cell, T, B, dtype, target=target, database=db, allow_tf32=tf32)
-    tuned_ms = median_ms(tuned.prepare(x, params), 20, warmup=3, sync=sync)
     module = getattr(torch.nn, cell_name)(H, H).to(device, dt)
     with torch.no_grad():
-        torch_ms = median_ms(lambda: module(x), 20, warmup=3, sync=sync)
+        calls = {"default": default.prepare(x, params), "tuned": tuned.prepare(x, params), "torch": lambda: module(x)}
+        ms = alternating_median_ms(calls, sync, 3, 20)
+        default_ms, tuned_ms, torch_ms = ms["default"], ms["tuned"], ms["torch"]
         strict_ms = None
         if device == "cuda" and name == "float32":
             torch.backends.cudnn.allow_tf32 = False

@@ -134,7 +134,7 @@ def _export(args) -> int:
 
 
 def _info(args) -> int:
-    from .database import Database
+    from .database import Database, fastest
     from .deploy import read_meta
 
     if args.path.suffix == ".jsonl":
@@ -147,10 +147,11 @@ def _info(args) -> int:
             k = mine[0].key
             head = (f"{k['cell']} I={k['input_size']} H={k['hidden_size']} T={k['steps']} B={k['batch']} "
                     f"{k['dtype']} on {k['target']}")
-            best = min((r for r in mine if r.ms is not None), key=lambda r: r.ms, default=None)
-            failed = sum(r.ms is None for r in mine)
+            best, tried = fastest(mine), [r for r in mine if not r.final]
+            failed = sum(r.ms is None for r in tried)
             verdict = f"best {best.ms:.3f} ms: {best.recipe} {best.knobs}" if best else "no success"
-            print(f"  {head}: {len(mine)} measured ({failed} failed), {verdict}")
+            finals = f", {sum(r.final for r in mine)} timed again side by side" if any(r.final for r in mine) else ""
+            print(f"  {head}: {len(tried)} measured ({failed} failed){finals}, {verdict}")
     else:
         print(json.dumps(read_meta(args.path), indent=1))
     return 0

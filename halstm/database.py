@@ -8,6 +8,7 @@ last line (a tuner killed mid-write) and any line it cannot parse, and says so.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -48,6 +49,7 @@ class Record:
     knobs: dict
     ms: float | None = None  # median time of one call; None when the candidate failed
     error: str | None = None
+    final: bool = False  # timed again at the end of a tuning run, side by side with the other finalists
     when: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
 
     @property
@@ -98,6 +100,14 @@ class Database:
         return out
 
     def best(self, key: dict, recipes: set[str] | None = None) -> Record | None:
-        """The fastest successful record for ``key`` (among ``recipes``, if given)."""
-        measured = [r for r in self.records(key) if r.ms is not None and (recipes is None or r.recipe in recipes)]
-        return min(measured, key=lambda r: r.ms, default=None)
+        """The fastest successful record for ``key`` (among ``recipes``, if given): ``fastest``."""
+        return fastest([r for r in self.records(key) if recipes is None or r.recipe in recipes])
+
+
+def fastest(records: list[Record]) -> Record | None:
+    """The fastest successful one of one key's records, in the order written: of the finalists
+    where the records end with a tuning run's side-by-side timing of them (``tuner.runoff``), which
+    rank candidates whose separate timings differ by noise; else of all."""
+    measured = [r for r in records if r.ms is not None]
+    finals = list(itertools.takewhile(lambda r: r.final, reversed(measured)))
+    return min(finals or measured, key=lambda r: r.ms, default=None)

@@ -3,7 +3,8 @@
 Each candidate is compiled, checked against the float64 reference and timed (median after warm-up)
 in a worker process, so that one that crashes, hangs or corrupts memory costs a restart, not the
 tuning run. The search goes in rounds (``next_round``): each recipe's default, then the settings
-nearest the fastest measured so far. With ``builders`` > 1 a round's candidates (as many as
+nearest the fastest measured so far; at the end the fastest few and each recipe's default are timed
+again side by side in one process (``runoff``), and ``Database.best`` picks from that. With ``builders`` > 1 a round's candidates (as many as
 builders) are first compiled and exported by that many worker processes at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on
 the H100 host, 14 at once, docs/gpu-results.md "ninth run"), then loaded, checked and timed one at
 a time, nothing else running. Every result, failures included, is appended to the database at
@@ -18,6 +19,7 @@ its own recipes' knobs, small grids that the recipes prune, and measures whole s
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import select
@@ -31,12 +33,18 @@ from dataclasses import dataclass
 import cloudpickle
 import numpy as np
 
-from .bench import median_ms
+from .bench import alternating_median_ms, median_ms
 from .database import Database, Record, candidate_id, tuning_key
 
 TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 TF32_TOLERANCE = 1e-2  # float32 with allow_tf32: 10 mantissa bits as fp16 has
 NEAR = 1.25  # recipes whose best is within this factor of the fastest are searched first (next_round)
+# The fastest candidates timed again at the end, side by side with each recipe's default, FINAL_REPEAT
+# times the calls of their first timing each. H100, fp16, T=100, twentyish candidates a shape (thirteenth
+# run): timed one after another, five calls each, the GRU pick was 0-2 % slower than the default when
+# the two were then timed side by side, on 5 shapes of 5.
+FINALISTS = 4
+FINAL_REPEAT = 4
 
 
 @dataclass
@@ -70,12 +78,16 @@ def _compile(job: Job):
                         allow_tf32=job.allow_tf32)
 
 
-def measure(job: Job) -> tuple[float | None, str | None]:
-    """Check and time one candidate, compiled here or loaded from ``job.module`` when it was built
-    there: (median ms, None) or (None, why it failed)."""
+def _load(job: Job):
+    """The candidate, loaded from ``job.module`` where it was built there, else compiled here."""
     from .deploy import load
 
-    f = load(job.module) if job.module else _compile(job)
+    return load(job.module) if job.module else _compile(job)
+
+
+def measure(job: Job) -> tuple[float | None, str | None]:
+    """Check and time one candidate: (median ms, None) or (None, why it failed)."""
+    f = _load(job)
     x, params, states = job.inputs
     y, _ = f(x, params, states)
     y = np.asarray(y, dtype=np.float64)
@@ -83,6 +95,14 @@ def measure(job: Job) -> tuple[float | None, str | None]:
     if not error < (TF32_TOLERANCE if job.allow_tf32 else TOLERANCE[job.dtype]):
         return None, f"wrong result: relative error {error:.2e}"
     return median_ms(f.prepare(x, params, states), job.repeat), None  # a prepared call waits for the device
+
+
+def runoff(jobs: list[Job]) -> tuple[list[float], None]:
+    """Time candidates already checked side by side, one call of each in turn, so that the drift of
+    the device's clocks and the machine's load falls on all alike: ([median ms], None)."""
+    calls = {i: _load(job).prepare(*job.inputs) for i, job in enumerate(jobs)}
+    ms = alternating_median_ms(calls, lambda: None, 2, jobs[0].repeat)  # a prepared call waits for the device
+    return [ms[i] for i in calls], None
 
 
 class _Worker:
@@ -102,13 +122,14 @@ class _Worker:
         self.process = subprocess.Popen([sys.executable, "-m", "halstm.tuner"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env, cwd=tempfile.gettempdir())
 
-    def run(self, job: Job, timeout: float):
-        """Measure ``job`` (``measure``): its answer, or why it failed."""
-        self.send(job, "measure")
+    def run(self, job, timeout: float, phase: str = "measure"):
+        """Run ``phase`` of ``job``: its answer, or why it failed."""
+        self.send(job, phase)
         return self.answer(timeout)
 
-    def send(self, job: Job, phase: str) -> None:
-        """Start ``phase`` ("measure" or "build") of ``job``; ``answer`` waits for it."""
+    def send(self, job, phase: str) -> None:
+        """Start ``phase`` ("measure", "build", or "runoff" of a list of jobs) of ``job``; ``answer``
+        waits for it."""
         self.started = time.monotonic()
         try:
             _send(self.process.stdin, (phase, job))
@@ -138,6 +159,12 @@ class _Worker:
         self.process.kill()
         self.process.wait()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.close()
+
 
 def _send(stream, value) -> None:
     data = cloudpickle.dumps(value)
@@ -162,7 +189,7 @@ def _serve() -> None:
         except EOFError:
             return
         try:
-            answer = {"build": build, "measure": measure}[phase](job)
+            answer = {"build": build, "measure": measure, "runoff": runoff}[phase](job)
         except Exception as e:  # a candidate that does not compile or launch: recorded, skipped
             last = (str(e).strip().splitlines() or [""])[-1]
             answer = (None, f"{type(e).__name__}: {last[:300]}")
@@ -177,7 +204,8 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     ``recipes`` are the recipes to search (the built-in ones by default; a user's own recipe
     objects work too). Candidates already in the database for this key are not measured again (so
     a run resumes); ``trials`` bounds how many are tried in total (None: every one), in rounds
-    (``next_round``: the defaults, then the settings nearest the fastest so far). ``timeout``
+    (``next_round``: the defaults, then the settings nearest the fastest so far), then the fastest
+    few are timed again side by side (``_final``). ``timeout``
     (seconds) ends a candidate that hangs (its compile, or its check and timing). ``builders`` processes compile
     the candidates before they are measured (default: the CPU's cores less one; 1 compiles each in
     the measuring process). ``allow_tf32`` as for ``halstm.compile`` (its own records).
@@ -195,8 +223,9 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     searched = spaces(program, target, recipes or schedules.BUILTIN, seed)
     size = sum(len(settings) for _, settings in searched)
     total = size if trials is None else min(trials, size)
-    results = {r.candidate: r.ms for r in db.records(key)}
-    if len(results) >= total:
+    records = db.records(key)
+    results = {r.candidate: r.ms for r in records}
+    if len(results) >= total and (not records or records[-1].final):  # searched, and the finalists timed
         log(f"{len(results)} candidates already measured in {db.path}")
         return db.best(key)
 
@@ -205,38 +234,66 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     expected, _ = reference(cell, x, params, states)
     best = db.best(key)
     builders = max(1, (os.cpu_count() or 1) - 1) if builders is None else builders
-    worker = _Worker()
-    try:
+    job = lambda recipe, knobs: Job(cell, steps, batch, dtype, target, recipe, knobs, (x, params, states),  # noqa: E731
+                                    expected, repeat, allow_tf32)
+    with _Worker() as worker, tempfile.TemporaryDirectory(prefix="halstm-tune-") as folder:  # modules
         while len(results) < total and (todo := next_round(searched, results, builders)):
-            jobs = [Job(cell, steps, batch, dtype, target, recipe, knobs, (x, params, states), expected, repeat,
-                        allow_tf32) for recipe, knobs in todo[:total - len(results)]]
-            for job, ms, error in _measure(jobs, worker, builders, timeout, log):
-                record = Record(key, job.recipe.name, job.knobs, ms, error)
+            jobs = [job(recipe, knobs) for recipe, knobs in todo[:total - len(results)]]
+            for candidate, ms, error in _measure(jobs, worker, builders, timeout, log, folder):
+                record = Record(key, candidate.recipe.name, candidate.knobs, ms, error)
                 db.append(record)
                 results[record.candidate] = ms
                 if ms is not None and (best is None or ms < best.ms):
                     best = record
                 bar = "#" * (20 * len(results) // total)
-                log(f"|{bar:<20}| [{len(results)}/{total}] {job.recipe.name} {job.knobs}: "
+                log(f"|{bar:<20}| [{len(results)}/{total}] {record.recipe} {record.knobs}: "
                     + (f"{ms:.3f} ms" if ms is not None else f"failed ({error})")
                     + (f" | best {best.ms:.3f} ms ({best.recipe} {best.knobs})" if best else ""))
-    finally:
-        worker.close()
-    return best
+        _final(db, key, searched, job, folder, worker, timeout, log)
+    return db.best(key)
 
 
-def _measure(jobs: list[Job], worker, builders: int, timeout: float, log):
-    """(job, ms, error) for each job: compiled first on up to ``builders`` processes where that is
-    more than one, then checked and timed one at a time by ``worker``."""
+def _module(folder: str, job: Job) -> str:
+    """Where a candidate's module goes in ``folder``: one file a candidate."""
+    return os.path.join(folder, hashlib.sha1(candidate_id(job.recipe.name, job.knobs).encode()).hexdigest() + ".so")
+
+
+def _measure(jobs: list[Job], worker, builders: int, timeout: float, log, folder: str):
+    """(job, ms, error) for each job: compiled first into ``folder`` on up to ``builders`` processes
+    where that is more than one, then checked and timed one at a time by ``worker``."""
     builders = min(len(jobs), builders)
-    with tempfile.TemporaryDirectory(prefix="halstm-tune-") as folder:
-        failed = {}
-        if builders > 1:
-            for i, job in enumerate(jobs):
-                job.module = os.path.join(folder, f"candidate{i}.so")
-            failed = _build_all(jobs, builders, timeout, log)
-        for i, job in enumerate(jobs):
-            yield (job, None, failed[i]) if i in failed else (job, *worker.run(job, timeout))
+    failed = {}
+    if builders > 1:
+        for job in jobs:
+            job.module = _module(folder, job)
+        failed = _build_all(jobs, builders, timeout, log)
+    for i, job in enumerate(jobs):
+        yield (job, None, failed[i]) if i in failed else (job, *worker.run(job, timeout))
+
+
+def _final(db: Database, key: dict, searched, job, folder: str, worker, timeout: float, log) -> None:
+    """Time the FINALISTS fastest candidates and each recipe's default again, side by side in one
+    process (``runoff``: FINAL_REPEAT times the calls each), and append those records as ``final``:
+    ``Database.best`` picks from them. Separate timings of a few calls rank settings within a few
+    percent of each other by noise."""
+    recipes = {recipe.name: (recipe, settings[0]) for recipe, settings in searched}
+    latest = {r.candidate: r for r in db.records(key) if r.recipe in recipes}
+    ok = sorted((r for r in latest.values() if r.ms is not None), key=lambda r: r.ms)
+    defaults = [r for r in ok if r.knobs == recipes[r.recipe][1]]
+    finalists = list({r.candidate: r for r in ok[:FINALISTS] + defaults}.values())
+    if len(finalists) < 2:
+        return
+    jobs = [job(recipes[r.recipe][0], r.knobs) for r in finalists]
+    for j in jobs:
+        j.repeat *= FINAL_REPEAT
+        j.module = _module(folder, j) if os.path.exists(_module(folder, j)) else None  # else compiled again
+    ms, error = worker.run(jobs, timeout, "runoff")
+    if error:
+        log(f"the finalists' side-by-side timing failed ({error}): the best stays the fastest timed alone")
+        return
+    for r, t in zip(finalists, ms):
+        db.append(Record(key, r.recipe, r.knobs, t, final=True))
+        log(f"final, side by side: {r.recipe} {r.knobs}: {t:.3f} ms (alone {r.ms:.3f} ms)")
 
 
 def spaces(program, target, recipes, seed: int = 0) -> list[tuple[object, list[dict]]]:

@@ -66,7 +66,7 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import indent, skeleton
 
-from .cuda import (BYTES, TENSOR_CORE_MIN_ROWS, CudaStepLoop, bind_flat, schedule_gemm, schedule_transpose,
+from .cuda import (BYTES, CudaStepLoop, bind_flat, schedule_gemm, schedule_transpose,
                    tensor_core_tile, use_tensor_cores)
 from .cuda_tensorcore import tensor_cores_available
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
@@ -91,6 +91,11 @@ SHARED_GRANULE = 32
 # PeepholeLSTM 2.82-2.96 against 3.07-3.19 (twelfth run). A size rule only; the tuner measures both.
 PREFERRED_MAX_BATCH = 64
 
+# Smallest batch whose step GEMM the defaults put on tensor cores (the batch padded to a fragment's 16
+# rows), below it the FFMA register tile. H100, fp16, T=100, prepared ms, FFMA / tensor cores with
+# resident weights (fourteenth run, docs/gpu-results.md): B=1 H=256 LSTM 0.217 / 0.245, GRU 0.187 /
+# 0.203; H=512 LSTM B=2 0.206 / 0.225, B=4 0.226 / 0.213, B=8 0.288 / 0.253, GRU B=8 0.298 / 0.221.
+TENSOR_CORE_MIN_BATCH = 4
 VECTOR = 4  # k a thread moves at once: operand staging, and shared memory to registers in the GEMM
 # Rounds of the step's loads from global memory (the operand, the input projection) a thread has in
 # flight at once. H100, LSTM fp16 T=100 B=64 H=1024, tensor cores: one load at a time (a rolled loop, 32
@@ -143,7 +148,7 @@ class CudaPersistent(Recipe):
     def defaults(self, program, target) -> dict:
         """The fewest units that keep the grid within the SMs (the largest grid); the largest row tile
         within the batch; the largest column tile that divides the block's columns; tensor cores
-        where the dtype and arch allow them and the batch fills a fragment's 16 rows; the hoisted
+        where the dtype and arch allow them from TENSOR_CORE_MIN_BATCH rows; the hoisted
         GEMM's fragments as the step loop's. On tensor cores the batch over row blocks too
         (``_row_blocks``)."""
         H, B = program.cell.hidden_size, program.batch
@@ -151,7 +156,7 @@ class CudaPersistent(Recipe):
         k["tc_hoisted_frags"] = CudaStepLoop().defaults(program, target)["tc_hoisted_frags"]
         k["units"] = next(u for u in range(1, H + 1) if H % u == 0 and H // u <= target.sms)
         k.update(_register_tile(program, k["units"]))
-        k["tensor_cores"] = tensor_cores_available(program.dtype, target) and B >= TENSOR_CORE_MIN_ROWS
+        k["tensor_cores"] = tensor_cores_available(program.dtype, target) and B >= TENSOR_CORE_MIN_BATCH
         if k["tensor_cores"] and not self.valid(program, target, k):  # the operand does not fit on chip
             k["tensor_cores"] = False
         if k["tensor_cores"]:

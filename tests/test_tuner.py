@@ -8,6 +8,7 @@ import time
 import pytest
 
 import halstm
+from halstm import targets
 from halstm.cli import main
 from halstm.database import Database, Record
 from halstm.lowering import lower
@@ -31,10 +32,18 @@ def test_interrupted_run_resumes_and_compile_uses_the_best(tmp_path):
 
     best = tune(halstm.GRU(12, 16), 4, 3, database=db, trials=4, log=lambda _: None, builders=1)
     records = db.records()
-    assert len(records) == 4
-    assert len({r.candidate for r in records}) == 4, "a measured candidate was measured again"
-    assert [r.candidate for r in records[: len(first)]] == [r.candidate for r in first]
-    assert best.ms == min(r.ms for r in records)
+    searched, finals = records[:4], records[4:]
+    assert len({r.candidate for r in searched}) == 4 and not any(r.final for r in searched), \
+        "a measured candidate was measured again"
+    assert [r.candidate for r in searched[: len(first)]] == [r.candidate for r in first]
+    default = CpuStepLoop().defaults(lower(halstm.GRU(12, 16), 4, 3, "float32"), targets.resolve("cpu"))
+    assert all(r.final for r in finals) and {r.candidate for r in finals} == {r.candidate for r in searched}
+    assert default in [r.knobs for r in finals], "the default is timed side by side with the fastest"
+    assert best.final and best.ms == min(r.ms for r in finals)
+
+    logged = []
+    assert tune(halstm.GRU(12, 16), 4, 3, database=db, trials=4, log=logged.append, builders=1) == best
+    assert logged == [f"4 candidates already measured in {db.path}"] and db.records() == records
 
     f = halstm.compile(halstm.GRU(12, 16), 4, 3, database=db)
     assert (f.recipe.name, f.knobs) == (best.recipe, best.knobs)
@@ -107,6 +116,19 @@ def test_reader_survives_a_torn_last_line(tmp_path):
         assert db.best({"cell": "LSTM"}) is None
 
 
+def test_best_is_the_fastest_finalist_until_more_candidates_are_measured(tmp_path):
+    """Timed alone, b looked faster than a; side by side at the end of the run, a was: a is the best
+    until another candidate is measured after the final timing, and then the fastest of all."""
+    db = Database(tmp_path / "db.jsonl")
+    key = {"cell": "GRU", "steps": 3}
+    for knobs, ms, final in (("a", 1.0, False), ("b", 0.9, False), ("c", None, False), ("a", 1.0, True),
+                             ("b", 1.1, True)):
+        db.append(Record(key, "cpu-step-loop", {"rows": knobs}, ms, final=final))
+    assert db.best(key).knobs == {"rows": "a"} and db.best(key).final
+    db.append(Record(key, "cpu-step-loop", {"rows": "d"}, 0.95))
+    assert db.best(key).knobs == {"rows": "b"} and not db.best(key).final
+
+
 def test_info_summarises_a_database(tmp_path, capsys):
     db = Database(tmp_path / "db.jsonl")
     key = {"cell": "GRU", "input_size": 4, "hidden_size": 4, "steps": 3, "batch": 2, "dtype": "float32",
@@ -116,6 +138,12 @@ def test_info_summarises_a_database(tmp_path, capsys):
     assert main(["info", str(db.path)]) == 0
     out = capsys.readouterr().out
     assert "GRU I=4 H=4 T=3 B=2 float32 on llvm: 2 measured (1 failed), best 2.000 ms" in out
+    db.append(Record(key, "cpu-step-loop", {"rows": 8}, ms=1.5))
+    db.append(Record(key, "cpu-step-loop", {"rows": 4}, ms=1.8, final=True))
+    db.append(Record(key, "cpu-step-loop", {"rows": 8}, ms=1.9, final=True))
+    assert main(["info", str(db.path)]) == 0
+    out = capsys.readouterr().out
+    assert "3 measured (1 failed), 2 timed again side by side, best 1.800 ms: cpu-step-loop {'rows': 4}" in out
 
 
 class Grid(Recipe):
