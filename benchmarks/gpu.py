@@ -26,7 +26,6 @@ import torch
 
 import halstm
 from halstm import schedules
-from halstm.schedules import PREFERRED_MAX_BATCH
 from halstm.targets import CudaTarget
 
 SHAPES = [(100, 1, 256), (100, 16, 512), (100, 64, 1024), (100, 256, 1024), (512, 64, 512),
@@ -47,8 +46,8 @@ def storage(dtype: str) -> str:
 def applicable(name, T, B, I, H, dtype, recipe, target, every_recipe=False) -> bool:
     program = halstm.lower(CELLS[name](I, H), T, B, storage(dtype), allow_tf32=dtype == "tf32")
     found = [r.name for r in schedules.recipes_for(program, target)]
-    if recipe == "cuda-persistent" and B > PREFERRED_MAX_BATCH and not every_recipe:
-        # slower than the step loop there unless recipes_for prefers it (docs/gpu-results.md);
+    if recipe == "cuda-persistent" and not every_recipe:
+        # slower than the step loop where recipes_for does not prefer it (docs/gpu-results.md);
         # --every-recipe times it
         return found[:1] == [recipe]
     return recipe in found
@@ -322,7 +321,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (20-30 s a cell)")
     ap.add_argument("--every-recipe", action="store_true",
-                    help=f"time the persistent kernel beyond B={PREFERRED_MAX_BATCH} too")
+                    help="time the persistent kernel also where recipes_for puts the step loop first")
     ap.add_argument("--graphs", action="store_true",
                     help="also time each call captured as a CUDA graph (an experiment; a failed capture may upset the run)")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness checks at T=3, B=2")

@@ -13,18 +13,17 @@ from __future__ import annotations
 from .recipe import Recipe
 from .cpu import CpuStepLoop
 from .cuda import CudaStepLoop
-from .cuda_persistent import PREFERRED_MAX_BATCH, CudaPersistent
+from .cuda_persistent import CudaPersistent
 
 BUILTIN = (CpuStepLoop(), CudaPersistent(), CudaStepLoop())
 
 
 def recipes_for(program, target) -> list[Recipe]:
     """The built-in recipes that apply to ``program`` on ``target``, preferred first: the persistent
-    kernel goes last above ``PREFERRED_MAX_BATCH`` rows unless it streams the step's operand on
-    tensor cores there (it still applies; the tuner and the benchmark measure it)."""
+    kernel goes last where ``CudaPersistent.preferred`` says so (it still applies; the tuner and the
+    benchmark measure it)."""
     found = [r for r in BUILTIN if r.is_applicable(program, target)]
-    if program.batch > PREFERRED_MAX_BATCH:
-        found.sort(key=lambda r: isinstance(r, CudaPersistent) and not r.streams(program, target))
+    found.sort(key=lambda r: isinstance(r, CudaPersistent) and not r.preferred(program, target))
     return found
 
 

@@ -88,7 +88,9 @@ SHARED_GRANULE = 32
 # (512, 64, 512) 3.7-9.0 against 7.9-19.8 (sixth run). Above it the recipe goes first only where its
 # step GEMM streams the operand on tensor cores (``CudaPersistent.streams``): fp16 B=256, H=1024
 # LSTM 2.78-2.89 ms against the step loop's 2.99-3.18, GRU 2.32-2.41 against 2.59-2.72,
-# PeepholeLSTM 2.82-2.96 against 3.07-3.19 (twelfth run). A size rule only; the tuner measures both.
+# PeepholeLSTM 2.82-2.96 against 3.07-3.19 (twelfth run). Never where the defaults fall back from
+# tensor cores to FFMA with the operand in global memory (``CudaPersistent.preferred``). A size rule
+# only; the tuner measures both.
 PREFERRED_MAX_BATCH = 64
 
 # Smallest batch whose step GEMM the defaults put on tensor cores (the batch padded to a fragment's 16
@@ -162,6 +164,17 @@ class CudaPersistent(Recipe):
         if k["tensor_cores"]:
             k = _row_blocks(self, program, target, k)
         return k
+
+    def preferred(self, program, target) -> bool:
+        """Whether ``recipes_for`` puts this recipe before the step loop: up to PREFERRED_MAX_BATCH
+        rows, above it where it streams the step's operand on tensor cores; not where the dtype takes
+        tensor cores at this batch but the defaults fell back to FFMA (the operand fits neither
+        beside the weights nor streams: H100, fp16 GRU (100,64,2048), 14.4 ms against the step
+        loop's 2.8, fourteenth run)."""
+        B = program.batch
+        fell_back = (tensor_cores_available(program.dtype, target) and B >= TENSOR_CORE_MIN_BATCH
+                     and not self.defaults(program, target)["tensor_cores"])
+        return not fell_back and (B <= PREFERRED_MAX_BATCH or self.streams(program, target))
 
     def streams(self, program, target) -> bool:
         """Whether the defaults stream the step's operand from global memory on tensor cores."""
