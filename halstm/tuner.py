@@ -4,8 +4,9 @@ Each candidate is compiled, checked against the float64 reference and timed (med
 in a worker process, so that one that crashes, hangs or corrupts memory costs a restart, not the
 tuning run. The search goes in rounds (``next_round``): each recipe's default, then the settings
 nearest the fastest measured so far; at the end the fastest few and each recipe's default are timed
-again side by side in one process (``runoff``), and ``Database.best`` picks from that. With ``builders`` > 1 a round's candidates (as many as
-builders) are first compiled and exported by that many worker processes at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on
+again side by side in one process (``runoff``), and ``Database.best`` picks from that. With
+``builders`` > 1 a round's candidates (as many as builders) are first compiled and exported by that
+many worker processes at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on
 the H100 host, 14 at once, docs/gpu-results.md "ninth run"), then loaded, checked and timed one at
 a time, nothing else running. Every result, failures included, is appended to the database at
 once: an interrupted run resumes where it stopped, and ``halstm.compile`` picks up the best record
@@ -205,9 +206,9 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     objects work too). Candidates already in the database for this key are not measured again (so
     a run resumes); ``trials`` bounds how many are tried in total (None: every one), in rounds
     (``next_round``: the defaults, then the settings nearest the fastest so far), then the fastest
-    few are timed again side by side (``_final``). ``timeout``
-    (seconds) ends a candidate that hangs (its compile, or its check and timing). ``builders`` processes compile
-    the candidates before they are measured (default: the CPU's cores less one; 1 compiles each in
+    few are timed again side by side (``_final``). ``timeout`` (seconds) ends a candidate that hangs
+    (its compile, or its check and timing). ``builders`` processes compile the candidates before they
+    are measured (default: the CPU's cores less one; 1 compiles each in
     the measuring process). ``allow_tf32`` as for ``halstm.compile`` (its own records).
     """
     from halstm import schedules, targets
