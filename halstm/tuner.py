@@ -40,7 +40,7 @@ from .database import Database, Record, candidate_id, tuning_key
 TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 TF32_TOLERANCE = 1e-2  # float32 with allow_tf32: 10 mantissa bits as fp16 has
 NEAR = 1.25  # recipes whose best is within this factor of the fastest are searched first (next_round)
-# The fastest candidates timed again at the end, side by side with each recipe's default, FINAL_REPEAT
+# The fastest candidates timed again at the end, side by side with the recipes' defaults, FINAL_REPEAT
 # times the calls of their first timing each. H100, fp16, T=100, twentyish candidates a shape (thirteenth
 # run): timed one after another, five calls each, the GRU pick was 0-2 % slower than the default when
 # the two were then timed side by side, on 5 shapes of 5.
@@ -273,14 +273,14 @@ def _measure(jobs: list[Job], worker, builders: int, timeout: float, log, folder
 
 
 def _final(db: Database, key: dict, searched, job, folder: str, worker, timeout: float, log) -> None:
-    """Time the FINALISTS fastest candidates and each recipe's default again, side by side in one
-    process (``runoff``: FINAL_REPEAT times the calls each), and append those records as ``final``:
+    """Time the FINALISTS fastest candidates and each recipe's default (within NEAR of the fastest)
+    again, side by side in one process (``runoff``: FINAL_REPEAT times the calls each), and append those records as ``final``:
     ``Database.best`` picks from them. Separate timings of a few calls rank settings within a few
     percent of each other by noise."""
     recipes = {recipe.name: (recipe, settings[0]) for recipe, settings in searched}
     latest = {r.candidate: r for r in db.records(key) if r.recipe in recipes}
     ok = sorted((r for r in latest.values() if r.ms is not None), key=lambda r: r.ms)
-    defaults = [r for r in ok if r.knobs == recipes[r.recipe][1]]
+    defaults = [r for r in ok if r.knobs == recipes[r.recipe][1] and r.ms <= NEAR * ok[0].ms]
     finalists = list({r.candidate: r for r in ok[:FINALISTS] + defaults}.values())
     if len(finalists) < 2:
         return
