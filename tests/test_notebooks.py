@@ -1,4 +1,5 @@
-"""Every notebook runs top to bottom on the CPU (its code cells, in order, in one namespace)."""
+"""Every notebook runs top to bottom on the CPU (its code cells, in order, in one namespace), from its
+own folder as Jupyter runs it, wherever pytest was started."""
 
 import json
 from pathlib import Path
@@ -10,8 +11,9 @@ NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs(path):
+def test_notebook_runs(path, monkeypatch):
     matplotlib.use("Agg")
+    monkeypatch.chdir(path.parent)
     cells = json.loads(path.read_text())["cells"]
     namespace = {"__name__": "__main__"}
     for cell in cells:
