@@ -88,9 +88,9 @@ SHARED_GRANULE = 32
 # (512, 64, 512) 3.7-9.0 against 7.9-19.8 (sixth run). Above it the recipe goes first only where its
 # step GEMM streams the operand on tensor cores (``CudaPersistent.streams``): fp16 B=256, H=1024
 # LSTM 2.78-2.89 ms against the step loop's 2.99-3.18, GRU 2.32-2.41 against 2.59-2.72,
-# PeepholeLSTM 2.82-2.96 against 3.07-3.19 (twelfth run). Never where the defaults fall back from
-# tensor cores to FFMA with the operand in global memory (``CudaPersistent.preferred``). A size rule
-# only; the tuner measures both.
+# PeepholeLSTM 2.82-2.96 against 3.07-3.19 (twelfth run). Not where its step GEMM would read the
+# operand from global memory on FFMA cores while the step loop's runs on tensor cores
+# (``CudaPersistent.preferred``). A size rule only; the tuner measures both.
 PREFERRED_MAX_BATCH = 64
 
 # Smallest batch whose step GEMM the defaults put on tensor cores (the batch padded to a fragment's 16
@@ -167,14 +167,19 @@ class CudaPersistent(Recipe):
 
     def preferred(self, program, target) -> bool:
         """Whether ``recipes_for`` puts this recipe before the step loop: up to PREFERRED_MAX_BATCH
-        rows, above it where it streams the step's operand on tensor cores; not where the dtype takes
-        tensor cores at this batch but the defaults fell back to FFMA (the operand fits neither
-        beside the weights nor streams: H100, fp16 GRU (100,64,2048), 14.4 ms against the step
-        loop's 2.8, fourteenth run)."""
-        B = program.batch
-        fell_back = (tensor_cores_available(program.dtype, target) and B >= TENSOR_CORE_MIN_BATCH
-                     and not self.defaults(program, target)["tensor_cores"])
-        return not fell_back and (B <= PREFERRED_MAX_BATCH or self.streams(program, target))
+        rows, above it where it streams the step's operand on tensor cores; not where its step GEMM
+        would read the operand from global memory on FFMA cores while the step loop's runs on tensor
+        cores, for a step of one stage. H100, T=100, fourteenth run, ms, this recipe / the step loop:
+        fp16 GRU (100,64,2048) 14.4 / 2.8 (the tensor-core tile did not fit beside the weights); TF32
+        (not in this recipe) at (100,64,1024) LSTM 5.09 / 3.31, GRU 4.87 / 3.34, PeepholeLSTM 5.21 /
+        3.33; with two stages, ResetBeforeGRU there, 4.08 / 5.63 (the step loop launches twice the
+        kernels a step); strict fp32 there (FFMA in both) LSTM 6.27 / 6.65."""
+        k = self.defaults(program, target)
+        step_loop = CudaStepLoop().defaults(program, target)
+        slower = (not k["tensor_cores"] and not _Kernel.plan(program, target, k).staged
+                  and use_tensor_cores(step_loop, program, target, program.batch)
+                  and len(program.plan.stages) == 1)
+        return not slower and (program.batch <= PREFERRED_MAX_BATCH or self.streams(program, target))
 
     def streams(self, program, target) -> bool:
         """Whether the defaults stream the step's operand from global memory on tensor cores."""

@@ -56,8 +56,9 @@ def test_cpu_search_space_prunes_spilling_and_ragged_tiles():
 
 def test_gpu_recipe_preference_follows_the_measured_sizes():
     """Persistent kernel first up to B=64, fp32 and fp16, and above where it streams the step's operand
-    on tensor cores (fp16 B=256, H=1024; not ResetBeforeGRU, whose r * h cannot stream); not where
-    fp16 falls back to FFMA (H100, docs/gpu-results.md)."""
+    on tensor cores (fp16 B=256, H=1024; not ResetBeforeGRU, whose r * h cannot stream); not where its
+    FFMA GEMM reads the operand from global memory against the step loop's tensor cores (H100,
+    docs/gpu-results.md)."""
     from halstm.targets import CudaTarget
 
     h100 = CudaTarget("sm_90", sms=132)
@@ -69,9 +70,17 @@ def test_gpu_recipe_preference_follows_the_measured_sizes():
     assert first(256, 1024, "float16") == first(256, 1024, "bfloat16", halstm.GRU) == "cuda-persistent"
     assert first(128, 256, "float32") == first(256, 1024, "float32") == "cuda-step-loop"
     assert first(256, 1024, "float16", halstm.ResetBeforeGRU) == first(256, 512, "float16") == "cuda-step-loop"
-    # the fp16 operand fits neither beside the weights nor streams: FFMA, the operand in global memory
+    # its step GEMM on FFMA with the operand in global memory, the step loop's on tensor cores (fp16: the
+    # tensor-core tile does not fit beside the weights; TF32 is not in the persistent kernel); but a step
+    # of two stages costs the step loop twice the launches, and in strict fp32 both run FFMA
     gru = halstm.lower(halstm.GRU(2048, 2048), 2, 64, "float16")
     assert [r.name for r in recipes_for(gru, h100)] == ["cuda-step-loop", "cuda-persistent"]
+
+    def first_tf32(cell, allow_tf32=True):
+        return recipes_for(halstm.lower(cell(1024, 1024), 2, 64, "float32", allow_tf32=allow_tf32), h100)[0].name
+
+    assert first_tf32(halstm.LSTM) == first_tf32(halstm.GRU) == first_tf32(halstm.PeepholeLSTM) == "cuda-step-loop"
+    assert first_tf32(halstm.ResetBeforeGRU) == first_tf32(halstm.LSTM, False) == "cuda-persistent"
     cpu = halstm.lower(halstm.LSTM(1024, 1024), 2, 64, "float16")
     assert [r.name for r in recipes_for(cpu, TARGET)] == ["cpu-step-loop"]
 
