@@ -41,9 +41,10 @@ TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 TF32_TOLERANCE = 1e-2  # float32 with allow_tf32: 10 mantissa bits as fp16 has
 NEAR = 1.25  # recipes whose best is within this factor of the fastest are searched first (next_round)
 # The fastest candidates timed again at the end, side by side with the recipes' defaults, FINAL_REPEAT
-# times the calls of their first timing each. H100, fp16, T=100, twentyish candidates a shape (thirteenth
-# run): timed one after another, five calls each, the GRU pick was 0-2 % slower than the default when
-# the two were then timed side by side, on 5 shapes of 5.
+# times the calls of their first timing each (``finalists``). Why: H100, fp16, T=100, 20 candidates a
+# shape (thirteenth run), timed one after another, five calls each, the GRU pick was 0-2 % slower than
+# the default when the two were then timed side by side, on 5 shapes of 5; with this, 0-5 % faster on
+# 3 of 3 (fourteenth run). The two values are a choice, not compared with others.
 FINALISTS = 4
 FINAL_REPEAT = 4
 
@@ -272,19 +273,27 @@ def _measure(jobs: list[Job], worker, builders: int, timeout: float, log, folder
         yield (job, None, failed[i]) if i in failed else (job, *worker.run(job, timeout))
 
 
-def _final(db: Database, key: dict, searched, job, folder: str, worker, timeout: float, log) -> None:
-    """Time the FINALISTS fastest candidates and each recipe's default (within NEAR of the fastest)
-    again, side by side in one process (``runoff``: FINAL_REPEAT times the calls each), and append those records as ``final``:
-    ``Database.best`` picks from them. Separate timings of a few calls rank settings within a few
-    percent of each other by noise."""
-    recipes = {recipe.name: (recipe, settings[0]) for recipe, settings in searched}
-    latest = {r.candidate: r for r in db.records(key) if r.recipe in recipes}
+def finalists(records: list[Record], spaces) -> list[Record]:
+    """The records to time again side by side, from one key's ``records`` in the order written (a
+    candidate's latest counts) over ``spaces`` (``spaces()``: the searched recipes, their default
+    first): the FINALISTS fastest successful ones, and each recipe's default within NEAR of the
+    fastest (a default that far behind tells nothing)."""
+    defaults = {recipe.name: settings[0] for recipe, settings in spaces}
+    latest = {r.candidate: r for r in records if r.recipe in defaults}
     ok = sorted((r for r in latest.values() if r.ms is not None), key=lambda r: r.ms)
-    defaults = [r for r in ok if r.knobs == recipes[r.recipe][1] and r.ms <= NEAR * ok[0].ms]
-    finalists = list({r.candidate: r for r in ok[:FINALISTS] + defaults}.values())
-    if len(finalists) < 2:
+    near = [r for r in ok if r.knobs == defaults[r.recipe] and r.ms <= NEAR * ok[0].ms]
+    return list({r.candidate: r for r in ok[:FINALISTS] + near}.values())
+
+
+def _final(db: Database, key: dict, searched, job, folder: str, worker, timeout: float, log) -> None:
+    """Time the ``finalists`` again, side by side in one process (``runoff``: FINAL_REPEAT times the
+    calls each), and append those records as ``final``: ``Database.best`` picks from them. Separate
+    timings of a few calls rank settings within a few percent of each other by noise."""
+    chosen = finalists(db.records(key), searched)
+    if len(chosen) < 2:
         return
-    jobs = [job(recipes[r.recipe][0], r.knobs) for r in finalists]
+    recipes = {recipe.name: recipe for recipe, _ in searched}
+    jobs = [job(recipes[r.recipe], r.knobs) for r in chosen]
     for j in jobs:
         j.repeat *= FINAL_REPEAT
         j.module = _module(folder, j) if os.path.exists(_module(folder, j)) else None  # else compiled again
@@ -292,7 +301,7 @@ def _final(db: Database, key: dict, searched, job, folder: str, worker, timeout:
     if error:
         log(f"the finalists' side-by-side timing failed ({error}): the best stays the fastest timed alone")
         return
-    for r, t in zip(finalists, ms):
+    for r, t in zip(chosen, ms):
         db.append(Record(key, r.recipe, r.knobs, t, final=True))
         log(f"final, side by side: {r.recipe} {r.knobs}: {t:.3f} ms (alone {r.ms:.3f} ms)")
 

@@ -96,7 +96,8 @@ PREFERRED_MAX_BATCH = 64
 # Smallest batch whose step GEMM the defaults put on tensor cores (the batch padded to a fragment's 16
 # rows), below it the FFMA register tile. H100, fp16, T=100, prepared ms, FFMA / tensor cores with
 # resident weights (fourteenth run, docs/gpu-results.md): B=1 H=256 LSTM 0.217 / 0.245, GRU 0.187 /
-# 0.203; H=512 LSTM B=2 0.206 / 0.225, B=4 0.226 / 0.213, B=8 0.288 / 0.253, GRU B=8 0.298 / 0.221.
+# 0.203; H=512 LSTM B=2 0.206 / 0.225, B=4 0.226 / 0.213, B=8 0.288 / 0.253, GRU B=4 0.245 / 0.204,
+# B=8 0.298 / 0.221; PeepholeLSTM B=4 0.228 / 0.237 (the one exception), B=8 0.306 / 0.270.
 TENSOR_CORE_MIN_BATCH = 4
 VECTOR = 4  # k a thread moves at once: operand staging, and shared memory to registers in the GEMM
 # Rounds of the step's loads from global memory (the operand, the input projection) a thread has in
@@ -155,7 +156,7 @@ class CudaPersistent(Recipe):
         (``_row_blocks``)."""
         H, B = program.cell.hidden_size, program.batch
         k = super().defaults(program, target)
-        k["tc_hoisted_frags"] = CudaStepLoop().defaults(program, target)["tc_hoisted_frags"]
+        k["tc_hoisted_frags"] = _step_loop_defaults(program, target)["tc_hoisted_frags"]
         k["units"] = next(u for u in range(1, H + 1) if H % u == 0 and H // u <= target.sms)
         k.update(_register_tile(program, k["units"]))
         k["tensor_cores"] = tensor_cores_available(program.dtype, target) and B >= TENSOR_CORE_MIN_BATCH
@@ -175,11 +176,15 @@ class CudaPersistent(Recipe):
         3.33; with two stages, ResetBeforeGRU there, 4.08 / 5.63 (the step loop launches twice the
         kernels a step); strict fp32 there (FFMA in both) LSTM 6.27 / 6.65."""
         k = self.defaults(program, target)
-        step_loop = CudaStepLoop().defaults(program, target)
-        slower = (not k["tensor_cores"] and not _Kernel.plan(program, target, k).staged
-                  and use_tensor_cores(step_loop, program, target, program.batch)
-                  and len(program.plan.stages) == 1)
-        return not slower and (program.batch <= PREFERRED_MAX_BATCH or self.streams(program, target))
+        kernel = _Kernel.plan(program, target, k)
+        if kernel.staged:
+            return program.batch <= PREFERRED_MAX_BATCH
+        if k["tensor_cores"]:  # streamed
+            return True
+        step_loop_on_tensor_cores = use_tensor_cores(_step_loop_defaults(program, target), program, target,
+                                                     program.batch)
+        return program.batch <= PREFERRED_MAX_BATCH and not (step_loop_on_tensor_cores
+                                                             and len(program.plan.stages) == 1)
 
     def streams(self, program, target) -> bool:
         """Whether the defaults stream the step's operand from global memory on tensor cores."""
@@ -198,8 +203,7 @@ class CudaPersistent(Recipe):
         kernel = _Kernel.plan(program, target, knobs)
         if not (knobs["poll_states"] or _Kernel.plan(program, target, {**knobs, "poll_states": True}).polled):
             return False
-        resident = _Kernel.plan(program, target, {**knobs, "resident_weights": True}).blocks
-        if not (knobs["resident_weights"] or any(isinstance(g, _Gemm) and g.resident for g in resident)):
+        if not (knobs["resident_weights"] or any(isinstance(g, _Gemm) and g.fits_registers for g in kernel.blocks)):
             return False
         staged = _Kernel.plan(program, target, {**knobs, "stage_operand": True}).staged
         return knobs["stage_operand"] or staged and not kernel.staged
@@ -278,10 +282,13 @@ def _row_blocks(recipe, program, target, knobs) -> dict:
                key=lambda k: (H // k["units"] * k["row_blocks"], k["units"]), default=knobs)
 
 
+def _step_loop_defaults(program, target) -> dict:
+    return _per_program("step loop", program, target, lambda: CudaStepLoop().defaults(program, target))
+
+
 def _prologue_knobs(program, target, knobs) -> dict:
     """The step loop's defaults for the prologue, with this recipe's hoisted-GEMM fragments."""
-    step_loop = _per_program("step loop", program, target, lambda: CudaStepLoop().defaults(program, target))
-    return {**step_loop, "tc_hoisted_frags": knobs["tc_hoisted_frags"]}
+    return {**_step_loop_defaults(program, target), "tc_hoisted_frags": knobs["tc_hoisted_frags"]}
 
 
 def _widest(program) -> int:
@@ -336,8 +343,14 @@ class _Gemm:
         g = cls(index, gemm.name, operand, dtype, B, C, K, tm, tn, 1, NT, tc, view)
         while 2 * g.split <= knobs["max_split"] and 2 * g.split * g.tiles <= g.workers and 2 * g.split * g.width <= K:
             g.split *= 2
-        g.resident = tc and knobs["resident_weights"] and g.rounds == 1 and g.chunks * g.frags <= MAX_RESIDENT_FRAGS
+        g.resident = knobs["resident_weights"] and g.fits_registers
         return g
+
+    @property
+    def fits_registers(self) -> bool:
+        """Whether a warp's weight fragments fit in registers for all steps (``resident``): tensor
+        cores, one tile a warp, at most MAX_RESIDENT_FRAGS fragments over its chunks of K."""
+        return self.tensor_cores and self.rounds == 1 and self.chunks * self.frags <= MAX_RESIDENT_FRAGS
 
     @property
     def workers(self) -> int:
@@ -650,6 +663,7 @@ class _Kernel:
         return work, part, row, col, f"(p_c * {g.split} + {part}) * {FRAG}"
 
     def load_fragment(self, frag: str, index: str, buffer: str, offset: str, stride, layout: str) -> str:
+        """WMMA's load of fragment ``index`` of ``frag`` from ``buffer`` at ``offset``."""
         pointer = f'{buffer}.access_ptr("r", ptr_type="{self.p.dtype}", offset={offset})'
         return (f"T.evaluate(T.tvm_load_matrix_sync({frag}.data, 16, 16, 16, {index}, {pointer}, {stride}, "
                 f'"{layout}", dtype="void"))')
@@ -658,7 +672,9 @@ class _Kernel:
         """Before the time loop: the weight fragments of each of this warp's chunks into wf (registers),
         which the step's GEMM then uses in place of loads from w_s. Measured (H100, LSTM fp16
         (100,16,512)): cuDNN's persistent kernel keeps its weights in registers (144 a thread) and
-        issued a third of the instructions of this kernel reloading them from shared memory (runs 46-47)."""
+        issued a third of the instructions of this kernel reloading them from shared memory (runs 46-47);
+        resident, the kernel took 3-12 % less (0.249 ms against 0.264 there, 2.754 against 3.128 at
+        (1024,16,768), run 48)."""
         work, _, _, col, k = self.warp_tile(g)
         F, i = g.frags, g.index
         load = self.load_fragment(f"wf{i}", f"p_c * {F} + p_f", f"w_s{i}", f"({col} + p_f * {FRAG}) * {g.stride} + {k}",

@@ -180,3 +180,19 @@ def test_rounds_start_at_the_defaults_then_search_nearest_the_fastest():
 
     results |= {candidate_id("fast", k): 1.5 for _, k in next_round(searched, results, 12)}
     assert {r.name for r, _ in next_round(searched, results, 12)} == {"slow"}, "fast is exhausted"
+
+
+def test_finalists_are_the_fastest_and_the_defaults_near_them():
+    """The 4 fastest by each candidate's latest record, the fast recipe's default although 6th (within
+    1.25x), not the slow recipe's (1.6x), nor a failure."""
+    from halstm.tuner import finalists, spaces
+
+    fast, slow = Grid("fast", {"a": 1, "b": 1}), Grid("slow", {"a": 0, "b": 0})
+    searched = spaces(None, None, [fast, slow])
+    times = {(0, 0): 1.0, (0, 1): 1.02, (0, 2): 1.04, (2, 0): 1.06, (2, 1): 1.08, (1, 1): 1.1, (3, 0): None}
+    records = [Record({}, "fast", {"a": 0, "b": 2}, 0.5)]  # measured again later: its latest counts
+    records += [Record({}, "fast", {"a": a, "b": b}, ms) for (a, b), ms in times.items()]
+    records += [Record({}, "slow", slow.default, 1.6), Record({}, "slow", {"a": 3, "b": 2}, 1.2)]
+    chosen = finalists(records, searched)
+    assert [(r.recipe, r.knobs["a"], r.knobs["b"], r.ms) for r in chosen] == [
+        ("fast", 0, 0, 1.0), ("fast", 0, 1, 1.02), ("fast", 0, 2, 1.04), ("fast", 2, 0, 1.06), ("fast", 1, 1, 1.1)]
