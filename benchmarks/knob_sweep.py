@@ -31,13 +31,22 @@ from halstm.targets import CudaTarget
 from gpu import TOL, inputs, rel, storage, timed  # noqa: E402 (beside this script: the same inputs, timing)
 
 
-def cudnn(name, H, dtype, params, states, x, reps):
-    """Median ms of torch.nn.LSTM/GRU on the same inputs and weights (None for other cells)."""
+def cudnn_module(name, H, dtype, params, states):
+    """torch.nn.LSTM/GRU (cuDNN) with the same weights, and its initial state (None, None for other
+    cells)."""
     if name not in ("LSTM", "GRU"):
-        return None
+        return None, None
     mod = getattr(torch.nn, name)(H, H).cuda().to(getattr(torch, storage(dtype)))
     mod.load_state_dict({f"{k}_l0": v for k, v in params.items()})
     hx = (states["h"][None], states["c"][None]) if name == "LSTM" else states["h"][None]
+    return mod, hx
+
+
+def cudnn(name, H, dtype, params, states, x, reps):
+    """Median ms of torch.nn.LSTM/GRU on the same inputs and weights (None for other cells)."""
+    mod, hx = cudnn_module(name, H, dtype, params, states)
+    if mod is None:
+        return None
     with torch.no_grad():
         return timed(lambda: mod(x, hx), reps=reps)
 

@@ -6,8 +6,9 @@ its units (tc_epilogue, ``fuse_epilogue``): one kernel a stage.
 fp16/bf16 GEMMs run on tensor cores (WMMA, fp32 accumulation; cuda_tensorcore.py, knob
 "tensor_cores"): the hoisted one always, the step's from B >= 16 rows, a computed operand
 (ResetBeforeGRU's r * h) rounded to the storage dtype (as a torch cell in that dtype rounds it) where
-it needs no padding; ragged shapes are zero-padded. The two tensor-core GEMMs share their warps, each
-has its own fragments (tc_frags, tc_hoisted_frags); the step's also its own K tile,
+it needs no padding; ragged shapes are zero-padded. The hoisted GEMM's block is 2 x 2 warps
+(HOISTED_WARPS) of tc_hoisted_frags fragments; the step's its own warps and fragments (tc_warps_m,
+tc_warps_n, tc_frags), K tile,
 prefetch (off: slower where measured) and column narrowing (tc_step_k, tc_prefetch, tc_fill; defaults
 from the target's SMs and shared memory: ``_step_tensor_core_defaults``). Both are pipelined over four
 K tiles by default, two for TF32 (tc_stages, cp.async, from sm_80: ``_pipelined``). fp32 GEMMs run
@@ -66,12 +67,13 @@ class CudaStepLoop(Recipe):
         "hoisted_block": (128, 64),
         "hoisted_thread": (8, 4),
         "threads": (256, 128, 512),  # elementwise kernels
-        # fp16/bf16 GEMMs on tensor cores (cuda_tensorcore.py): warps_m x warps_n warps a block,
-        # each tc_frags x tc_frags 16x16 fragments (the hoisted GEMM: tc_hoisted_frags); K staged
-        # tc_k at a time. H100, LSTM fp16 T=100 B=64 H=1024, the hoisted GEMM (6400 x 4096 x 1024,
-        # ncu): 2 x 2 warps of 2 x 2 fragments (64 x 64) 340 us, of 4 x 4 (128 x 128, its C tile
-        # in 66 KiB of dynamic shared memory) 282 us, 2 x 4 warps of 2 x 2 (64 x 128) 298 us; the
-        # default is 128 x 128 where its grid fills the SMs (_hoisted_fragments)
+        # fp16/bf16 GEMMs on tensor cores (cuda_tensorcore.py): the step GEMM's block is tc_warps_m x
+        # tc_warps_n warps, each tc_frags x tc_frags 16x16 fragments; the hoisted GEMM's HOISTED_WARPS
+        # of tc_hoisted_frags x tc_hoisted_frags, K staged tc_k at a time. H100, LSTM fp16 T=100
+        # B=64 H=1024, the hoisted GEMM (6400 x 4096 x 1024, ncu): 2 x 2 warps of 2 x 2 fragments
+        # (64 x 64) 340 us, of 4 x 4 (128 x 128, its C tile in 66 KiB of dynamic shared memory)
+        # 282 us, 2 x 4 warps of 2 x 2 (64 x 128) 298 us; the default is 128 x 128 where its grid
+        # fills the SMs (_hoisted_fragments)
         "tensor_cores": (True, False),
         "tc_warps_m": (2, 1, 4),
         "tc_warps_n": (2, 4),
@@ -96,8 +98,8 @@ class CudaStepLoop(Recipe):
     }
     _FFMA_STEP = ("block_rows", "block_cols", "thread_rows", "thread_cols", "k_chunk")
     _FFMA_HOISTED = ("hoisted_block", "hoisted_thread")
-    _TENSOR_CORE = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_hoisted_frags", "tc_k", "tc_stages")
-    _TENSOR_CORE_STEP = ("tc_step_k", "tc_prefetch", "tc_fill", "tc_epilogue")
+    _TENSOR_CORE = ("tc_hoisted_frags", "tc_k", "tc_stages")
+    _TENSOR_CORE_STEP = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_step_k", "tc_prefetch", "tc_fill", "tc_epilogue")
 
     def is_applicable(self, program, target) -> bool:
         return target.kind == "cuda"
@@ -134,32 +136,42 @@ class CudaStepLoop(Recipe):
         - tc_step_k: the fewest tiles (round trips) whose shared memory fits, a tile dividing K
           first where one does (its loads stay 16-byte vectors; a K padded to a tile is fetched
           an element at a time), up to one tile for all of K;
-        - tc_prefetch off: measured slower everywhere it was tried.
+        - tc_prefetch off: measured slower everywhere it was tried;
+        - for fp16/bf16, 8 warps a block (tc_warps_m STEP_WARPS_M) and K tiles of STEP_K_BYTES where
+          every step GEMM's tile stays STEP_WIDE_COLUMNS wide, else 4 warps (the first value).
         Measured (H100, fp16, benchmarks/knob_sweep.py, docs/gpu-results.md "seventh run"), T=100,
         ms against the first values (K 32, no fill, no prefetch) and with prefetch on:
         LSTM B=64 H=1024 (64 x 32 tiles, K=128, 8 round trips instead of 32) 2.10 / 2.97 / 2.24;
         LSTM B=256 H=1024 (64 x 64 tiles, 256 blocks already, K=64) 3.79 / 4.32 / 3.90;
         GRU B=256 H=1024 3.41 (with prefetch) / 3.68; LSTM B=64 H=2048 6.48 / 6.71 / 6.71."""
         size = BYTES[program.dtype]
-        depth = max((g.depth for stage in program.plan.stages for g in stage), default=0)
+        gemms = [g for stage in program.plan.stages for g in stage]
+        depth = max((g.depth for g in gemms), default=0)
         if not depth:
             return {}
-        def setting(bk):
-            return {**knobs, "tc_fill": True, "tc_prefetch": False, "tc_step_k": bk}
 
         def tiles(bk):
             return -(-depth // bk)
 
-        fitting = [bk for bk in self.knobs["tc_step_k"] if _step_tiles_fit(setting(bk), program, target, size)]
-        pipelined = sorted(bk for bk in fitting if bk >= PIPELINED_K_BYTES // size)
-        if knobs["tc_stages"] > 1 and pipelined:
-            # round trips overlap: the shortest K tile that makes at most PIPELINED_K_TILES, else the longest
-            bk = next((bk for bk in pipelined if tiles(bk) <= PIPELINED_K_TILES), pipelined[-1])
-        elif fitting:  # the fewest round trips, a tile dividing K first (its loads stay vectors)
-            bk = min(fitting, key=lambda bk: (depth % bk != 0 and tiles(bk) > 1, tiles(bk), bk))
-        else:
-            return {}
-        return {n: setting(bk)[n] for n in self._TENSOR_CORE_STEP}
+        def setting(warps_m, k_bytes):
+            def with_k(bk):
+                return {**knobs, "tc_warps_m": warps_m, "tc_fill": True, "tc_prefetch": False, "tc_step_k": bk}
+
+            fitting = [bk for bk in self.knobs["tc_step_k"] if _step_tiles_fit(with_k(bk), program, target, size)]
+            pipelined = sorted(bk for bk in fitting if bk >= k_bytes // size)
+            if knobs["tc_stages"] > 1 and pipelined:
+                # round trips overlap: the shortest K tile that makes at most PIPELINED_K_TILES, else the longest
+                return with_k(next((bk for bk in pipelined if tiles(bk) <= PIPELINED_K_TILES), pipelined[-1]))
+            if fitting:  # the fewest round trips, a tile dividing K first (its loads stay vectors)
+                return with_k(min(fitting, key=lambda bk: (depth % bk != 0 and tiles(bk) > 1, tiles(bk), bk)))
+            return None
+
+        wide = setting(STEP_WARPS_M, STEP_K_BYTES) if size == 2 else None
+        if wide and all(step_tensor_core_tile(wide, program.batch, g.rows, target).bn >= STEP_WIDE_COLUMNS
+                        for g in gemms):
+            return {n: wide[n] for n in self._TENSOR_CORE_STEP}
+        narrow = setting(self.knobs["tc_warps_m"][0], PIPELINED_K_BYTES)
+        return {n: narrow[n] for n in self._TENSOR_CORE_STEP} if narrow else {}
 
     def valid(self, program, target, knobs) -> bool:
         """It runs; knobs of a GEMM schedule that does not run stay at their first value (they
@@ -172,7 +184,7 @@ class CudaStepLoop(Recipe):
         tile as it runs (it does on tensor cores too where a computed operand, r * h, would need
         padding) and its tensor-core tiles."""
         size = BYTES[program.dtype]
-        hoisted = (tensor_core_tile(knobs) if use_tensor_cores(knobs, program, target) else hoisted_tile(knobs))
+        hoisted = (hoisted_tensor_core_tile(knobs) if use_tensor_cores(knobs, program, target) else hoisted_tile(knobs))
         return (hoisted.fits(size, target) and step_tile(knobs, program.batch).fits(size, target)
                 and (not use_tensor_cores(knobs, program, target, program.batch)
                      or _step_tiles_fit(knobs, program, target, size)))
@@ -264,12 +276,18 @@ def hoisted_tile(knobs: dict) -> GemmTile:
     return GemmTile(b, b, t, t, knobs["k_chunk"])
 
 
-def tensor_core_tile(knobs: dict, hoisted: bool = True) -> TensorCoreTile:
-    """The hoisted GEMM's tensor-core tile (tc_hoisted_frags), or with ``hoisted=False`` the one
-    the step GEMM's starts from (tc_frags)."""
-    frags = knobs["tc_hoisted_frags" if hoisted else "tc_frags"]
-    return TensorCoreTile(knobs["tc_warps_m"], knobs["tc_warps_n"], frags, frags, knobs["tc_k"],
-                          stages=knobs["tc_stages"])
+# The hoisted GEMM's warps a block. H100, fp16 T=100, the hoisted GEMM alone (torch.profiler,
+# benchmarks/kernel_breakdown.py, docs/gpu-results.md "fifteenth run"), us with 4 x 4 fragments a
+# warp, 2 x 2 / 4 x 2 / 2 x 4 warps (and 4 x 4 warps of 2 x 2): LSTM B=256 H=1024 (25600 x 4096 x
+# 1024) 691 / 849 / 811 (902); B=64 H=2048 (6400 x 8192 x 2048) 720 / 815 / 781 (866). When the
+# step GEMM shared these warps, its best warps slowed this GEMM down.
+HOISTED_WARPS = (2, 2)
+
+
+def hoisted_tensor_core_tile(knobs: dict) -> TensorCoreTile:
+    """The hoisted GEMM's tensor-core tile: HOISTED_WARPS warps of tc_hoisted_frags fragments."""
+    frags = knobs["tc_hoisted_frags"]
+    return TensorCoreTile(*HOISTED_WARPS, frags, frags, knobs["tc_k"], stages=knobs["tc_stages"])
 
 
 def step_tensor_core_tile(knobs: dict, rows: int, cols: int, target) -> TensorCoreTile:
@@ -277,19 +295,32 @@ def step_tensor_core_tile(knobs: dict, rows: int, cols: int, target) -> TensorCo
     tc_frags fragments shrunk to the rows, K staged tc_step_k at a time (prefetched with
     tc_prefetch, else pipelined over tc_stages), its columns narrowed while the grid leaves half the
     SMs idle (tc_fill)."""
-    tile = replace(tensor_core_tile(knobs, hoisted=False).for_rows(rows), bk=knobs["tc_step_k"],
-                   prefetch=knobs["tc_prefetch"], stages=1 if knobs["tc_prefetch"] else knobs["tc_stages"])
+    frags, prefetch = knobs["tc_frags"], knobs["tc_prefetch"]
+    tile = TensorCoreTile(knobs["tc_warps_m"], knobs["tc_warps_n"], frags, frags, knobs["tc_step_k"],
+                          prefetch=prefetch, stages=1 if prefetch else knobs["tc_stages"]).for_rows(rows)
     return tile.filling(rows, cols, target.sms) if knobs["tc_fill"] else tile
 
 
-# the K tile of a pipelined GEMM: 64 bytes a row (32 fp16, 16 fp32 elements); the step GEMM's
-# longer where K would take more than PIPELINED_K_TILES of them (each a round trip). H100 T=100,
-# ms (docs/gpu-results.md "eleventh run", runs 22-23), K=2048 fp16, step K 64 / 32: LSTM B=64
-# 3.101 / 3.390, GRU 2.836 / 3.070, ResetBeforeGRU 4.207 / 4.632; TF32 step K 32 / 16: LSTM B=64
-# H=1024 3.331 / 3.428, B=256 7.393 / 7.433, H=2048 (64) 9.374 / 9.724; at 32 tiles of 32, doubling
-# did not help (fp16 LSTM B=256 H=1024 3.014 / 3.007, GRU 2.686 / 2.612)
+# the K tile of a pipelined GEMM: 64 bytes a row (32 fp16, 16 fp32 elements); the step GEMM's at
+# least STEP_K_BYTES, longer where K would take more than PIPELINED_K_TILES of them (each a round
+# trip). H100 T=100, ms (docs/gpu-results.md "eleventh run", runs 22-23, 4 warps a block), K=2048
+# fp16, step K 64 / 32: LSTM B=64 3.101 / 3.390, GRU 2.836 / 3.070, ResetBeforeGRU 4.207 / 4.632;
+# TF32 step K 32 / 16: LSTM B=64 H=1024 3.331 / 3.428, B=256 7.393 / 7.433, H=2048 (64) 9.374 /
+# 9.724; at 32 tiles of 32, doubling did not help with 4 warps (fp16 LSTM B=256 H=1024 3.014 /
+# 3.007, GRU 2.686 / 2.612), it did with 8 (STEP_WARPS_M).
 PIPELINED_K_BYTES = 64
 PIPELINED_K_TILES = 32
+# The fp16/bf16 step GEMM's defaults on tensor cores where its tiles stay 64 columns wide: 8 warps a
+# block (tc_warps_m 4: 4 x 2), pipelined K tiles of at least 128 bytes a row. H100 fp16 T=100, step
+# loop, ms (benchmarks/knob_sweep.py, docs/gpu-results.md "fifteenth run", runs 58-60), 4 warps with K
+# 32 (64 at H=2048) / 8 warps with K 64: LSTM B=256 H=1024 2.988-3.048 / 2.660-2.667 (2 x 4 warps 2.655,
+# K 128 2.829, 16 warps 2.751), GRU B=256 2.587-2.629 / 2.497 (2 x 4: 2.401-2.449), PeepholeLSTM B=256
+# 3.013 / 2.699; LSTM B=64 H=2048 3.140 / 2.977 (K 128; 16 warps 2.974). Narrower tiles: ResetBeforeGRU
+# B=256 (128 x 32 and 128 x 16 tiles of 8 warps) 3.138 / 3.516. GRU B=64 H=2048 2.796 / 2.816; bf16
+# LSTM B=256 3.594 / 3.445; TF32 (K tiles unchanged, 8 warps slower: fp16/bf16 only) LSTM B=256 7.315 / 7.494.
+STEP_WARPS_M = 4
+STEP_K_BYTES = 128
+STEP_WIDE_COLUMNS = 64
 # K tiles in flight by default: four for fp16 (measured) and bf16 (tiles of the same bytes; not
 # measured), two for TF32 (three measured no faster)
 PIPELINE_STAGES = {"float16": 4, "bfloat16": 4, "float32": 2}
@@ -311,7 +342,7 @@ def _pipelined(knobs: dict, program, target) -> dict:
     for stages, bk in dict.fromkeys(tries):  # TF32's default is the second try
         k = {**knobs, "tc_stages": stages, "tc_k": bk}
         k["tc_hoisted_frags"] = _hoisted_fragments(k, program, target)
-        if tensor_core_tile(k).for_rows(program.steps * program.batch).fits(size, target):
+        if hoisted_tensor_core_tile(k).for_rows(program.steps * program.batch).fits(size, target):
             return {n: k[n] for n in ("tc_stages", "tc_k", "tc_hoisted_frags")}
     return {}
 
@@ -325,7 +356,7 @@ def _hoisted_fragments(knobs: dict, program, target) -> int:
     rows = program.steps * program.batch
     cols = max((g.rows for g in program.plan.hoisted), default=0)
     wide = {**knobs, "tc_hoisted_frags": 4}
-    tile = tensor_core_tile(wide).for_rows(rows)
+    tile = hoisted_tensor_core_tile(wide).for_rows(rows)
     blocks = -(-rows // tile.bm) * -(-cols // tile.bn)
     return 4 if blocks >= target.sms and tile.fits(BYTES[program.dtype], target) else knobs["tc_hoisted_frags"]
 
@@ -413,7 +444,7 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
         if step:
             tile = step_tensor_core_tile(knobs, rows, int(sch.get(block).writes[0].source.shape[-1]), target)
         else:
-            tile = tensor_core_tile(knobs).for_rows(rows)
+            tile = hoisted_tensor_core_tile(knobs).for_rows(rows)
         if fetches_its_operand(sch, block, tile, program.dtype):
             gemm_tensorcore(sch, block, tile, program.dtype)
             return

@@ -66,8 +66,8 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import indent, skeleton
 
-from .cuda import (BYTES, CudaStepLoop, bind_flat, schedule_gemm, schedule_transpose,
-                   tensor_core_tile, use_tensor_cores)
+from .cuda import (BYTES, CudaStepLoop, bind_flat, hoisted_tensor_core_tile, schedule_gemm,
+                   schedule_transpose, use_tensor_cores)
 from .cuda_tensorcore import tensor_cores_available
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 from .wmma import FRAG
@@ -225,7 +225,7 @@ class CudaPersistent(Recipe):
         hoisted = _prologue_knobs(program, target, knobs)
         return (tm * tn + (tm + tn) * VECTOR <= MAX_TILE_REGISTERS
                 and (not use_tensor_cores(hoisted, program, target)
-                     or tensor_core_tile(hoisted).fits(BYTES[program.dtype], target))
+                     or hoisted_tensor_core_tile(hoisted).fits(BYTES[program.dtype], target))
                 and _Kernel.plan(program, target, knobs) is not None)
 
     def space(self, program, target) -> list[dict]:

@@ -17,7 +17,7 @@ import halstm
 from halstm import schedules
 from halstm.lowering import PackedLayout
 from halstm.schedules import CudaPersistent, CudaStepLoop
-from halstm.schedules.cuda import hoisted_tile, step_tensor_core_tile, step_tile, tensor_core_tile
+from halstm.schedules.cuda import hoisted_tensor_core_tile, hoisted_tile, step_tensor_core_tile, step_tile
 from halstm.schedules.cuda_tensorcore import TensorCoreTile, tensorize_works
 from halstm.targets import CudaTarget
 
@@ -256,15 +256,16 @@ def test_step_gemm_tensor_core_tile_fills_the_sms():
     assert tile.for_rows(16).filling(16, 2048, sms=132).blocks(16, 2048) == 128
 
 
-@pytest.mark.parametrize("batch, hidden, pipelined_k, tf32_k, bk, bn",
-                         [(64, 1024, 32, 32, 128, 32), (256, 1024, 32, 32, 128, 64), (16, 512, 32, 16, 128, 16),
-                          (64, 2048, 64, 64, 128, 64)])
-def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, pipelined_k, tf32_k, bk, bn):
+@pytest.mark.parametrize("batch, hidden, pipelined_k, tf32_k, bk, bn, warps_m",
+                         [(64, 1024, 32, 32, 128, 32, 2), (256, 1024, 64, 32, 128, 64, 4),
+                          (16, 512, 32, 16, 128, 16, 2), (64, 2048, 64, 64, 128, 64, 4)])
+def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, pipelined_k, tf32_k, bk, bn, warps_m):
     """fp16 on an H100: the step GEMM's defaults pipeline four K tiles of 32 (64 bytes a row), at
-    most 32 of them (H=2048: 32 of 64), with the narrowed column tile, not prefetched; in one stage
+    most 32 of them, with the narrowed column tile, not prefetched; where the tile stays 64 columns
+    wide (B=256, H=1024; B=64, H=2048) 8 warps a block and K tiles of 64 (128 bytes); in one stage
     they stage K in the fewest tiles that fit (B=64, H=1024: 8 tiles of K=128 where the first knob
     values made 32 of K=32, in 64 blocks); both pass valid(); fp32 leaves the knobs alone; TF32's
-    tiles of 16 stay at most 32 too (H=1024: 32 of 32)."""
+    tiles of 16 stay at most 32 too (H=1024: 32 of 32), with 4 warps."""
     recipe = CudaStepLoop()
     program = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch, dtype="float16")
     if not tensorize_works():
@@ -274,12 +275,25 @@ def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, pipelined_
     for k, want in ((knobs, (4, pipelined_k)), (one_stage, (1, bk))):
         tile = step_tensor_core_tile(k, batch, 4 * hidden, H100)
         assert (k["tc_stages"], k["tc_step_k"], k["tc_prefetch"], k["tc_fill"], tile.bn) == (*want, False, True, bn)
+        assert k["tc_warps_m"] == warps_m
         assert recipe.valid(program, H100, k) and tile.fits(2, H100)
         assert 2 * tile.blocks(batch, 4 * hidden) > H100.sms
     fp32 = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch)
     assert all(recipe.defaults(fp32, H100)[n] == recipe.knobs[n][0] for n in ("tc_step_k", "tc_prefetch", "tc_fill"))
     tf32 = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch, allow_tf32=True)
-    assert recipe.defaults(tf32, H100)["tc_step_k"] == tf32_k  # 16 fp32 (64 bytes) a tile, at most 32 tiles
+    tf32_knobs = recipe.defaults(tf32, H100)
+    assert (tf32_knobs["tc_step_k"], tf32_knobs["tc_warps_m"]) == (tf32_k, 2)  # 16 fp32 (64 bytes) a tile
+
+
+def test_step_gemm_keeps_four_warps_on_narrow_tiles():
+    """ResetBeforeGRU at B=256, H=1024: its second GEMM (1024 columns) narrows to 32 columns to fill
+    the SMs, where 8 warps measured slower (3.52 ms against 3.14): 4 warps, K tiles of 32."""
+    if not tensorize_works():
+        pytest.skip("no tensor cores here")
+    program = halstm.lower(halstm.ResetBeforeGRU(1024, 1024), steps=2, batch=256, dtype="float16")
+    knobs = CudaStepLoop().defaults(program, H100)
+    assert (knobs["tc_warps_m"], knobs["tc_step_k"]) == (2, 32)
+    assert min(step_tensor_core_tile(knobs, 256, g.rows, H100).bn for s in program.plan.stages for g in s) < 64
 
 
 def test_step_tensor_core_knobs_pruned_where_they_do_not_fit():
@@ -315,7 +329,8 @@ def test_tensor_core_tiles_fit_as_the_runtime_launches_them():
 def test_hoisted_gemm_has_its_own_fragments():
     """tc_hoisted_frags sizes the hoisted GEMM's tile alone: at B=256, H=1024 4 x 4 fragments
     make a 128 x 128 hoisted tile (valid: 74 KiB of dynamic shared memory in four stages) while the
-    step GEMM keeps its 64 x 64 tile and its pipelined K tile (32, four stages). It is the default
+    step GEMM keeps its 128 x 64 tile of 8 warps and its pipelined K tile (64, four stages); the
+    step GEMM's warps (2 x 4: 64 x 128) leave the hoisted tile's 2 x 2 warps alone. It is the default
     where the 128 x 128 grid has a block for every SM: at T=2 (512 x 4096: 128 blocks for 132 SMs)
     it stays 2 x 2 (64 x 64)."""
     recipe = CudaStepLoop()
@@ -328,9 +343,12 @@ def test_hoisted_gemm_has_its_own_fragments():
     assert CudaPersistent().defaults(longer, H100)["tc_hoisted_frags"] == 4
     knobs = recipe.resolve(program, H100, {"tc_hoisted_frags": 4})
     assert recipe.valid(program, H100, knobs)
-    assert (tensor_core_tile(knobs).bm, tensor_core_tile(knobs).bn) == (128, 128)
+    assert (hoisted_tensor_core_tile(knobs).bm, hoisted_tensor_core_tile(knobs).bn) == (128, 128)
     step = step_tensor_core_tile(knobs, 256, 4096, H100)
-    assert (step.bm, step.bn, step.bk, step.stages) == (64, 64, 32, 4)
+    assert (step.bm, step.bn, step.bk, step.stages, step.threads) == (128, 64, 64, 4, 256)
+    wide = recipe.resolve(program, H100, {"tc_hoisted_frags": 4, "tc_warps_m": 2, "tc_warps_n": 4})
+    assert (hoisted_tensor_core_tile(wide).bm, hoisted_tensor_core_tile(wide).bn) == (128, 128)
+    assert (step_tensor_core_tile(wide, 256, 4096, H100).bn, hoisted_tensor_core_tile(wide).threads) == (128, 128)
     assert any(k["tc_hoisted_frags"] == 4 for k in recipe.space(program, H100))
 
 
@@ -555,7 +573,7 @@ def test_shared_memory_model_matches_tvms_allocation(dtype, knobs):
     recipe = CudaStepLoop()
     k = recipe.resolve(program, H100, knobs)
     size = 4 if dtype == "float32" else 2
-    tiles = (tensor_core_tile(k).for_rows(3 * 256), step_tensor_core_tile(k, 256, 4096, H100))
+    tiles = (hoisted_tensor_core_tile(k).for_rows(3 * 256), step_tensor_core_tile(k, 256, 4096, H100))
     assert sorted(_dynamic_shared_bytes(recipe.apply(program, H100, **knobs).mod).values()) == sorted(
         t.shared_bytes(size) for t in tiles)
     assert TensorCoreTile(2, 2, 4, 4, 16, stages=2).operand_bytes(4) == 0xE400  # ptxas, when static
