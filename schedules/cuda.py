@@ -214,7 +214,7 @@ class CudaStepLoop(Recipe):
     def layout(self, program, target, knobs) -> PackedLayout:
         """Columns grouped by units (``PackedLayout.units``) where a step GEMM's epilogue fuses:
         the units of one column tile."""
-        units = _epilogue_units(knobs, program, target)
+        units = epilogue_units(knobs, program, target)
         return PackedLayout(units=units, width=program.cell.hidden_size) if units else PackedLayout()
 
     def apply(self, program, target, **knobs) -> Schedule:
@@ -367,7 +367,7 @@ def _step_tiles_fit(knobs: dict, program, target, size: int) -> bool:
                for stage in program.plan.stages for g in stage)
 
 
-def _epilogue_units(knobs: dict, program, target) -> int | None:
+def epilogue_units(knobs: dict, program, target) -> int | None:
     """The units a column tile of the first step GEMM holds when its epilogue fuses (tc_epilogue):
     on tensor cores, M, N, K whole tiles, N a whole number G of gates of width H, and the tile's
     columns G x units with units dividing H; None otherwise."""

@@ -66,8 +66,8 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import indent, skeleton
 
-from .cuda import (BYTES, CudaStepLoop, bind_flat, hoisted_tensor_core_tile, schedule_gemm,
-                   schedule_transpose, use_tensor_cores)
+from .cuda import (BYTES, CudaStepLoop, bind_flat, epilogue_units, hoisted_tensor_core_tile,
+                   schedule_gemm, schedule_transpose, use_tensor_cores)
 from .cuda_tensorcore import tensor_cores_available
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 from .wmma import FRAG
@@ -168,7 +168,10 @@ class CudaPersistent(Recipe):
 
     def preferred(self, program, target) -> bool:
         """Whether ``recipes_for`` puts this recipe before the step loop: up to PREFERRED_MAX_BATCH
-        rows, above it where it streams the step's operand on tensor cores; not where its step GEMM
+        rows, above it where it streams the step's operand on tensor cores and the step loop's
+        elementwise math does not fuse into its GEMM's kernel (fifteenth run, fp16 B=256 H=1024,
+        this recipe / the step loop, ms: GRU, three gates in a tile, 2.294-2.300 / 2.497-2.576;
+        fused, LSTM 2.753-2.804 / 2.658-2.695 in three runs, PeepholeLSTM 2.778 / 2.699); not where its step GEMM
         would read the operand from global memory on FFMA cores while the step loop's runs on tensor
         cores, for a step of one stage. H100, T=100, fourteenth run, ms, this recipe / the step loop:
         fp16 GRU (100,64,2048) 14.4 / 2.8 (the tensor-core tile did not fit beside the weights); TF32
@@ -179,8 +182,8 @@ class CudaPersistent(Recipe):
         kernel = _Kernel.plan(program, target, k)
         if kernel.staged:
             return program.batch <= PREFERRED_MAX_BATCH
-        if k["tensor_cores"]:  # streamed
-            return True
+        if k["tensor_cores"]:  # streamed: first unless the step loop runs a step as one kernel
+            return epilogue_units(_step_loop_defaults(program, target), program, target) is None
         step_loop_on_tensor_cores = use_tensor_cores(_step_loop_defaults(program, target), program, target,
                                                      program.batch)
         return program.batch <= PREFERRED_MAX_BATCH and not (step_loop_on_tensor_cores
