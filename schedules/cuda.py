@@ -37,7 +37,7 @@ bm / tm row threads, so that a block is not mostly idle threads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
@@ -99,7 +99,8 @@ class CudaStepLoop(Recipe):
     _FFMA_STEP = ("block_rows", "block_cols", "thread_rows", "thread_cols", "k_chunk")
     _FFMA_HOISTED = ("hoisted_block", "hoisted_thread")
     _TENSOR_CORE = ("tc_hoisted_frags", "tc_k", "tc_stages")
-    _TENSOR_CORE_STEP = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_step_k", "tc_prefetch", "tc_fill", "tc_epilogue")
+    _TENSOR_CORE_STEP = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_step_k", "tc_prefetch", "tc_fill",
+                         "tc_epilogue")
 
     def is_applicable(self, program, target) -> bool:
         return target.kind == "cuda"
@@ -184,7 +185,8 @@ class CudaStepLoop(Recipe):
         tile as it runs (it does on tensor cores too where a computed operand, r * h, would need
         padding) and its tensor-core tiles."""
         size = BYTES[program.dtype]
-        hoisted = (hoisted_tensor_core_tile(knobs) if use_tensor_cores(knobs, program, target) else hoisted_tile(knobs))
+        on = use_tensor_cores(knobs, program, target)
+        hoisted = hoisted_tensor_core_tile(knobs) if on else hoisted_tile(knobs)
         return (hoisted.fits(size, target) and step_tile(knobs, program.batch).fits(size, target)
                 and (not use_tensor_cores(knobs, program, target, program.batch)
                      or _step_tiles_fit(knobs, program, target, size)))

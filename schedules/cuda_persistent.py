@@ -171,9 +171,9 @@ class CudaPersistent(Recipe):
         rows, above it where it streams the step's operand on tensor cores and the step loop's
         elementwise math does not fuse into its GEMM's kernel (fifteenth run, fp16 B=256 H=1024,
         this recipe / the step loop, ms: GRU, three gates in a tile, 2.294-2.300 / 2.497-2.576;
-        fused, LSTM 2.753-2.804 / 2.658-2.695 in three runs, PeepholeLSTM 2.778 / 2.699); not where its step GEMM
-        would read the operand from global memory on FFMA cores while the step loop's runs on tensor
-        cores, for a step of one stage. H100, T=100, fourteenth run, ms, this recipe / the step loop:
+        fused, LSTM 2.753-2.804 / 2.658-2.695 in three runs, PeepholeLSTM 2.778 / 2.699); not
+        where its step GEMM would read the operand from global memory on FFMA cores while the step
+        loop's runs on tensor cores, for a step of one stage. H100, T=100, fourteenth run, ms, this recipe / the step loop:
         fp16 GRU (100,64,2048) 14.4 / 2.8 (the tensor-core tile did not fit beside the weights); TF32
         (not in this recipe) at (100,64,1024) LSTM 5.09 / 3.31, GRU 4.87 / 3.34, PeepholeLSTM 5.21 /
         3.33; with two stages, ResetBeforeGRU there, 4.08 / 5.63 (the step loop launches twice the
