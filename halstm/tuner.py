@@ -5,8 +5,8 @@ in a worker process, so that one that crashes, hangs or corrupts memory costs a 
 tuning run. The search goes in rounds (``next_round``): each recipe's default, then the settings
 nearest the fastest measured so far; at the end the fastest few and each recipe's default are timed
 again side by side in one process (``runoff``), and ``Database.best`` picks from that. With
-``builders`` > 1 a round's candidates (as many as builders, and on the builders left idle those
-likely measured next: ``upcoming``) are first compiled and exported by that many worker processes
+``builders`` > 1 a round's candidates (as many as builders; beside the defaults, the settings
+nearest them: ``ahead_of_defaults``) are first compiled and exported by that many worker processes
 at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on
 the H100 host, 14 at once, docs/gpu-results.md "ninth run"), then loaded, checked and timed one at
 a time, nothing else running. Every result, failures included, is appended to the database at
@@ -243,9 +243,7 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     with _Worker() as worker, tempfile.TemporaryDirectory(prefix="halstm-tune-") as folder:  # modules
         while len(results) < total and (todo := next_round(searched, results, builders)):
             todo = todo[:total - len(results)]
-            fresh = sum(candidate_id(recipe.name, knobs) not in built for recipe, knobs in todo)
-            idle = builders - fresh if builders > 1 else 0
-            ahead = upcoming(searched, results, todo, min(idle, total - len(results) - len(todo)))
+            ahead = ahead_of_defaults(searched, results, todo, min(builders, total - len(results)) - len(todo))
             jobs, extra = ([job(recipe, knobs) for recipe, knobs in t] for t in (todo, ahead))
             for candidate, ms, error in _measure(jobs, worker, builders, timeout, log, folder, built, extra):
                 record = Record(key, candidate.recipe.name, candidate.knobs, ms, error)
@@ -287,17 +285,15 @@ def _id(job: Job) -> str:
     return candidate_id(job.recipe.name, job.knobs)
 
 
-def upcoming(spaces, results: dict, todo: list, size: int) -> list[tuple[object, dict]]:
-    """The ``size`` settings likely measured in the round after ``todo``, for the builders that would
-    otherwise idle while this round's are built: while ``todo`` is the recipes' defaults, those
-    nearest each default (as if all were timed alike); after that, the next in ``next_round``'s
-    ranking (they stay next unless this round finds a new fastest). H100, fp16 T=100, 20 candidates:
-    each round costs 15-32 s of building (fifteenth run)."""
-    if size <= 0 or not todo:
+def ahead_of_defaults(spaces, results: dict, todo: list, size: int) -> list[tuple[object, dict]]:
+    """While ``todo`` is the recipes' defaults, the ``size`` settings nearest them, to be built
+    beside them by the builders that would otherwise idle: the next round picks among those settings
+    whichever defaults are timed fastest (H100, the round of two defaults took 22 s of 15 builders)."""
+    defaults = [(r, settings[0]) for r, settings in spaces]
+    if size <= 0 or not todo or any(t not in defaults for t in todo):
         return []
-    if all(t in [(r, settings[0]) for r, settings in spaces] for t in todo):
-        return next_round(spaces, {**results, **{candidate_id(r.name, k): 0.0 for r, k in todo}}, size)
-    return next_round(spaces, results, len(todo) + size)[len(todo):]
+    timed_alike = {**results, **{candidate_id(r.name, k): 0.0 for r, k in todo}}
+    return next_round(spaces, timed_alike, size)
 
 
 def finalists(records: list[Record], spaces) -> list[Record]:
