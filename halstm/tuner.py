@@ -5,9 +5,8 @@ in a worker process, so that one that crashes, hangs or corrupts memory costs a 
 tuning run. The search goes in rounds (``next_round``): each recipe's default, then the settings
 nearest the fastest measured so far; at the end the fastest few and each recipe's default are timed
 again side by side in one process (``runoff``), and ``Database.best`` picks from that. With
-``builders`` > 1 a round's candidates (as many as builders; beside the defaults, the settings
-nearest them: ``ahead_of_defaults``) are first compiled and exported by that many worker processes
-at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on
+``builders`` > 1 a round's candidates (as many as builders) are first compiled and exported by that
+many worker processes at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on
 the H100 host, 14 at once, docs/gpu-results.md "ninth run"), then loaded, checked and timed one at
 a time, nothing else running. Every result, failures included, is appended to the database at
 once: an interrupted run resumes where it stopped, and ``halstm.compile`` picks up the best record
@@ -239,13 +238,10 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     builders = max(1, (os.cpu_count() or 1) - 1) if builders is None else builders
     job = lambda recipe, knobs: Job(cell, steps, batch, dtype, target, recipe, knobs, (x, params, states),  # noqa: E731
                                     expected, repeat, allow_tf32)
-    built = {}  # candidate id: None where its module is in the folder, else why its build failed
     with _Worker() as worker, tempfile.TemporaryDirectory(prefix="halstm-tune-") as folder:  # modules
         while len(results) < total and (todo := next_round(searched, results, builders)):
-            todo = todo[:total - len(results)]
-            ahead = ahead_of_defaults(searched, results, todo, min(builders, total - len(results)) - len(todo))
-            jobs, extra = ([job(recipe, knobs) for recipe, knobs in t] for t in (todo, ahead))
-            for candidate, ms, error in _measure(jobs, worker, builders, timeout, log, folder, built, extra):
+            jobs = [job(recipe, knobs) for recipe, knobs in todo[:total - len(results)]]
+            for candidate, ms, error in _measure(jobs, worker, builders, timeout, log, folder):
                 record = Record(key, candidate.recipe.name, candidate.knobs, ms, error)
                 db.append(record)
                 results[record.candidate] = ms
@@ -264,36 +260,17 @@ def _module(folder: str, job: Job) -> str:
     return os.path.join(folder, hashlib.sha1(candidate_id(job.recipe.name, job.knobs).encode()).hexdigest() + ".so")
 
 
-def _measure(jobs: list[Job], worker, builders: int, timeout: float, log, folder: str, built: dict,
-             extra: list[Job] = ()):
+def _measure(jobs: list[Job], worker, builders: int, timeout: float, log, folder: str):
     """(job, ms, error) for each job: compiled first into ``folder`` on up to ``builders`` processes
-    where that is more than one (with the ``extra`` jobs, built now to be measured in a later round;
-    ``built`` records what is built, or why it failed), then checked and timed one at a time by
-    ``worker``."""
+    where that is more than one, then checked and timed one at a time by ``worker``."""
+    builders = min(len(jobs), builders)
+    failed = {}
     if builders > 1:
-        for job in (*jobs, *extra):
+        for job in jobs:
             job.module = _module(folder, job)
-        fresh = [job for job in (*jobs, *extra) if _id(job) not in built]
-        failed = _build_all(fresh, min(len(fresh), builders), timeout, log) if fresh else {}
-        built.update({_id(job): failed.get(i) for i, job in enumerate(fresh)})
-    for job in jobs:
-        error = built.get(_id(job)) if builders > 1 else None
-        yield (job, None, error) if error else (job, *worker.run(job, timeout))
-
-
-def _id(job: Job) -> str:
-    return candidate_id(job.recipe.name, job.knobs)
-
-
-def ahead_of_defaults(spaces, results: dict, todo: list, size: int) -> list[tuple[object, dict]]:
-    """While ``todo`` is the recipes' defaults, the ``size`` settings nearest them, to be built
-    beside them by the builders that would otherwise idle: the next round picks among those settings
-    whichever defaults are timed fastest (H100, the round of two defaults took 22 s of 15 builders)."""
-    defaults = [(r, settings[0]) for r, settings in spaces]
-    if size <= 0 or not todo or any(t not in defaults for t in todo):
-        return []
-    timed_alike = {**results, **{candidate_id(r.name, k): 0.0 for r, k in todo}}
-    return next_round(spaces, timed_alike, size)
+        failed = _build_all(jobs, builders, timeout, log)
+    for i, job in enumerate(jobs):
+        yield (job, None, failed[i]) if i in failed else (job, *worker.run(job, timeout))
 
 
 def finalists(records: list[Record], spaces) -> list[Record]:
