@@ -148,10 +148,10 @@ def _info(args) -> int:
             head = (f"{k['cell']} I={k['input_size']} H={k['hidden_size']} T={k['steps']} B={k['batch']} "
                     f"{k['dtype']} on {k['target']}")
             best, tried = fastest(mine), [r for r in mine if not r.final]
-            failed = sum(r.ms is None for r in tried)
+            failed, finals = sum(r.ms is None for r in tried), len(mine) - len(tried)
             verdict = f"best {best.ms:.3f} ms: {best.recipe} {best.knobs}" if best else "no success"
-            finals = f", {sum(r.final for r in mine)} timed again side by side" if any(r.final for r in mine) else ""
-            print(f"  {head}: {len(tried)} measured ({failed} failed){finals}, {verdict}")
+            again = f", {finals} timed again side by side" if finals else ""
+            print(f"  {head}: {len(tried)} measured ({failed} failed){again}, {verdict}")
     else:
         print(json.dumps(read_meta(args.path), indent=1))
     return 0

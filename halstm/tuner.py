@@ -296,7 +296,8 @@ def _final(db: Database, key: dict, searched, job, folder: str, worker, timeout:
     jobs = [job(recipes[r.recipe], r.knobs) for r in chosen]
     for j in jobs:
         j.repeat *= FINAL_REPEAT
-        j.module = _module(folder, j) if os.path.exists(_module(folder, j)) else None  # else compiled again
+        built = _module(folder, j)
+        j.module = built if os.path.exists(built) else None  # else compiled again
     ms, error = worker.run(jobs, timeout, "runoff")
     if error:
         log(f"the finalists' side-by-side timing failed ({error}): the best stays the fastest timed alone")

@@ -317,7 +317,7 @@ PIPELINED_K_TILES = 32
 # loop, ms (benchmarks/knob_sweep.py, docs/gpu-results.md "fifteenth run", runs 58-60), 4 warps with K
 # 32 (64 at H=2048) / 8 warps with K 64: LSTM B=256 H=1024 2.988-3.048 / 2.660-2.667 (2 x 4 warps 2.655,
 # K 128 2.829, 16 warps 2.751), GRU B=256 2.587-2.629 / 2.497 (2 x 4: 2.401-2.449), PeepholeLSTM B=256
-# 3.013 / 2.699; LSTM B=64 H=2048 3.140 / 2.977 (K 128; 16 warps 2.974). Narrower tiles: ResetBeforeGRU
+# 3.013 / 2.699; LSTM B=64 H=2048 3.139-3.140 / 2.979 (K 128 2.977; 16 warps 2.974). Narrower tiles: ResetBeforeGRU
 # B=256 (128 x 32 and 128 x 16 tiles of 8 warps) 3.138 / 3.516. GRU B=64 H=2048 2.796 / 2.816; bf16
 # LSTM B=256 3.594 / 3.445; TF32 (K tiles unchanged, 8 warps slower: fp16/bf16 only) LSTM B=256 7.315 / 7.494.
 STEP_WARPS_M = 4

@@ -85,12 +85,9 @@ SHARED_GRANULE = 32
 # faster than the step loop at B=1 (2.8-3.9x), B=16, H=512 (2.9-5.2x), (T, B, H) = (1024, 16, 768)
 # (2.9-5.8x) and B=64, H=1024 (1.1-2.3x), every cell, fp32 and fp16 (fourth run, FFMA); with the
 # step GEMMs of both recipes on tensor cores, fp16 at B=64, H=1024 2.2-5.3 ms against 2.7-7.1 and
-# (512, 64, 512) 3.7-9.0 against 7.9-19.8 (sixth run). Above it the recipe goes first only where its
-# step GEMM streams the operand on tensor cores (``CudaPersistent.streams``): fp16 B=256, H=1024
-# LSTM 2.78-2.89 ms against the step loop's 2.99-3.18, GRU 2.32-2.41 against 2.59-2.72,
-# PeepholeLSTM 2.82-2.96 against 3.07-3.19 (twelfth run). Not where its step GEMM would read the
-# operand from global memory on FFMA cores while the step loop's runs on tensor cores
-# (``CudaPersistent.preferred``). A size rule only; the tuner measures both.
+# (512, 64, 512) 3.7-9.0 against 7.9-19.8 (sixth run). Above it, and below it where its step GEMM
+# would read the operand from global memory on FFMA cores against the step loop's tensor cores, see
+# ``CudaPersistent.preferred``. A size rule only; the tuner measures both.
 PREFERRED_MAX_BATCH = 64
 
 # Smallest batch whose step GEMM the defaults put on tensor cores (the batch padded to a fragment's 16
@@ -107,7 +104,8 @@ VECTOR = 4  # k a thread moves at once: operand staging, and shared memory to re
 STAGING_UNROLL = 8
 MAX_TILE_REGISTERS = 64  # accumulators + operand registers a thread may hold (spills beyond)
 # Weight fragments a warp may keep in registers for all steps (knob resident_weights): 4 registers
-# each at fp16/bf16 (16 x 16 halfs over 32 lanes), 64 at most beside the accumulators.
+# each at fp16/bf16 (16 x 16 halfs over 32 lanes), 64 at most beside the accumulators: a budget chosen,
+# not compared with others (ptxas: 58 registers a thread at LSTM fp16 B=16 H=512, 4 fragments a warp).
 MAX_RESIDENT_FRAGS = 16
 # The bits a polled state's sequence holds until its value is written (``_Kernel.polled``), by width:
 # a NaN with every bit set, which no arithmetic produces (canonical NaNs are positive).
@@ -171,28 +169,22 @@ class CudaPersistent(Recipe):
         rows, above it where it streams the step's operand on tensor cores and the step loop's
         elementwise math does not fuse into its GEMM's kernel (fifteenth run, fp16 B=256 H=1024,
         this recipe / the step loop, ms: GRU, three gates in a tile, 2.294-2.300 / 2.497-2.576;
-        fused, LSTM 2.753-2.804 / 2.658-2.695 in three runs, PeepholeLSTM 2.778 / 2.699); not
-        where its step GEMM would read the operand from global memory on FFMA cores while the step
-        loop's runs on tensor cores, for a step of one stage. H100, T=100, fourteenth run, ms, this recipe / the step loop:
-        fp16 GRU (100,64,2048) 14.4 / 2.8 (the tensor-core tile did not fit beside the weights); TF32
+        fused, LSTM 2.753-2.804 / 2.658-2.695 in three runs, PeepholeLSTM 2.778 / 2.699; twelfth
+        run, before the step loop's 8 warps: LSTM 2.78-2.89 / 2.99-3.18); not where its step GEMM
+        would read the operand from global memory on FFMA cores while the step loop's runs on
+        tensor cores, for a step of one stage. H100, T=100, fourteenth run, ms, this recipe / the
+        step loop: fp16 GRU (100,64,2048) 14.4 / 2.8 (the tensor-core tile did not fit beside the weights); TF32
         (not in this recipe) at (100,64,1024) LSTM 5.09 / 3.31, GRU 4.87 / 3.34, PeepholeLSTM 5.21 /
         3.33; with two stages, ResetBeforeGRU there, 4.08 / 5.63 (the step loop launches twice the
         kernels a step); strict fp32 there (FFMA in both) LSTM 6.27 / 6.65."""
-        k = self.defaults(program, target)
-        kernel = _Kernel.plan(program, target, k)
-        if kernel.staged:
+        k, step_loop = self.defaults(program, target), _step_loop_defaults(program, target)
+        if _Kernel.plan(program, target, k).staged:
             return program.batch <= PREFERRED_MAX_BATCH
         if k["tensor_cores"]:  # streamed: first unless the step loop runs a step as one kernel
-            return epilogue_units(_step_loop_defaults(program, target), program, target) is None
-        step_loop_on_tensor_cores = use_tensor_cores(_step_loop_defaults(program, target), program, target,
-                                                     program.batch)
+            return epilogue_units(step_loop, program, target) is None
+        step_loop_on_tensor_cores = use_tensor_cores(step_loop, program, target, program.batch)
         return program.batch <= PREFERRED_MAX_BATCH and not (step_loop_on_tensor_cores
                                                              and len(program.plan.stages) == 1)
-
-    def streams(self, program, target) -> bool:
-        """Whether the defaults stream the step's operand from global memory on tensor cores."""
-        k = self.defaults(program, target)
-        return k["tensor_cores"] and self.runs(program, target, k) and not _Kernel.plan(program, target, k).staged
 
     def valid(self, program, target, knobs) -> bool:
         """It runs; tc_hoisted_frags stays at its first value where the hoisted GEMM is not on
@@ -206,7 +198,7 @@ class CudaPersistent(Recipe):
         kernel = _Kernel.plan(program, target, knobs)
         if not (knobs["poll_states"] or _Kernel.plan(program, target, {**knobs, "poll_states": True}).polled):
             return False
-        if not (knobs["resident_weights"] or any(isinstance(g, _Gemm) and g.fits_registers for g in kernel.blocks)):
+        if not (knobs["resident_weights"] or any(g.fits_registers for g in kernel.gemms)):
             return False
         staged = _Kernel.plan(program, target, {**knobs, "stage_operand": True}).staged
         return knobs["stage_operand"] or staged and not kernel.staged
@@ -466,13 +458,17 @@ class _Kernel:
     def __init__(self, program, target, knobs, blocks, hoisted, staged):
         self.p, self.target, self.blocks, self.staged = program, target, blocks, staged
         self.hoisted = hoisted  # (index, name, columns a block) of the hoisted GEMMs prefetched a step
-        self.operands = _staged_operands([b for b in blocks if isinstance(b, _Gemm)])
+        self.operands = _staged_operands(self.gemms)
         self.threads, self.units, self.row_blocks = knobs["threads"], knobs["units"], knobs["row_blocks"]
         self.poll = knobs["poll_states"]
         self.H = program.cell.hidden_size
         self.groups = self.H // self.units  # unit groups; block p_bx has group p_bx % groups
         self.rows = program.batch // self.row_blocks  # rows of the batch a block; from row p_bx // groups * rows
         self.grid = self.groups * self.row_blocks
+
+    @property
+    def gemms(self) -> list[_Gemm]:
+        return [b for b in self.blocks if isinstance(b, _Gemm)]
 
     @classmethod
     def plan(cls, program, target, knobs):
@@ -533,7 +529,7 @@ class _Kernel:
         sentinel (``poll_operand``); a stored value that happens to be the sentinel's bits is stored
         as another NaN. Every block still reads only what was written before it, and none runs more
         than a step ahead. Needs sm_70's relaxed loads."""
-        gemms = [b for b in self.blocks if isinstance(b, _Gemm)]
+        gemms = self.gemms
         first_elementwise = next((n for n, b in enumerate(self.blocks) if not isinstance(b, _Gemm)), len(self.blocks))
         states = tuple(dict.fromkeys(g.view[:-2] for g in gemms if g.view and g.view[:-2] in self.p.cell.states))
         one_stage = all(isinstance(b, _Gemm) for b in self.blocks[:first_elementwise]) and not any(
@@ -796,7 +792,7 @@ class _Kernel:
 
     def buffers(self) -> list[tuple[str, int, str, str]]:
         """(name, elements, dtype, scope) of the block's shared buffers and registers."""
-        gemms = [b for b in self.blocks if isinstance(b, _Gemm)]
+        gemms = self.gemms
         out = []
         for g in gemms:
             i = g.index
@@ -827,14 +823,14 @@ class _Kernel:
         ResetBeforeGRU's second partial buffer over the first): written before the loop, all of them
         stay live through it, apart, as ``shared_bytes`` counts them."""
         lines = []
-        for g in (b for b in self.blocks if isinstance(b, _Gemm)):
+        for g in self.gemms:
             lines += self.load_weights(g)
         for name, size, dtype, scope in self.buffers():
             if scope == "shared.dyn" and not name.startswith("w_s"):
                 lines += self.zero(name, size, dtype)
         for state in self.polled:
             lines += self.fill_sentinel(state)
-        resident = [g for g in self.blocks if isinstance(g, _Gemm) and g.resident]
+        resident = [g for g in self.gemms if g.resident]
         if resident:  # from the weights in shared memory, once they are all there
             lines.append('T.tvm_storage_sync("shared")')
         for g in resident:
