@@ -307,7 +307,7 @@ def test_polled_kernel_compiles_with_its_helpers(tmp_path):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not found")
     f = halstm.compile(halstm.GRU(24, 24), 3, 16, "float16", target=H100, recipe="cuda-persistent")
-    source = f.module.imports[0].inspect_source()
+    source = f.module.mod.imports[0].inspect_source()
     assert "halstm_poll_stage<" in source and "template <int N, int W, typename... P>" in source
     assert_nvcc_compiles(source, tmp_path)
 
@@ -333,7 +333,7 @@ def _generate(cell, steps: int, batch: int, dtype: str, knobs: dict | None = Non
     """The persistent kernel's CUDA source (no nvcc needed: the module holds source until it loads)."""
     f = halstm.compile(cell, steps, batch, dtype, target=H100, recipe="cuda-persistent", knobs=knobs)
     assert f.recipe.name == "cuda-persistent"
-    return _persistent_kernel(f.module.imports[0].inspect_source(), f"persistent_{batch}_{cell.hidden_size}")
+    return _persistent_kernel(f.module.mod.imports[0].inspect_source(), f"persistent_{batch}_{cell.hidden_size}")
 
 
 # test_matches_reference_on_gpu's (batch, hidden); a Latin square of cells and dtypes over them: every
@@ -372,7 +372,7 @@ def test_streamed_operand_compiles(dtype, tmp_path):
     c = halstm.LSTM(1024, 1024)
     knobs = {"units": 16, "row_blocks": 2}
     f = halstm.compile(c, 2, 256, dtype, target=H100, recipe="cuda-persistent", knobs=knobs)
-    source = f.module.imports[0].inspect_source()
+    source = f.module.mod.imports[0].inspect_source()
     assert re.search(r"load_matrix_sync\(a_f_ptr\w*\[0\], \(&\(h_seq_ptr\[", source)
     assert "acc_f_ptr[4];" in source and "a_s1" not in source
     _ptxas([_persistent_kernel(source, "streamed")], tmp_path)
@@ -385,7 +385,7 @@ def test_register_tile_stays_in_registers(dtype, tmp_path):
     registers, not local memory). Cells with two grid
     syncs may show a few bytes: registers saved around the grid sync's call."""
     f = halstm.compile(halstm.LSTM(512, 512), 2, 16, dtype, target=H100, recipe="cuda-persistent")
-    out = _ptxas([_persistent_kernel(f.module.imports[0].inspect_source(), "persistent")], tmp_path)
+    out = _ptxas([_persistent_kernel(f.module.mod.imports[0].inspect_source(), "persistent")], tmp_path)
     props = out[out.index("Function properties for persistent"):]
     assert re.match(r"Function properties for persistent\n\s+0 bytes stack frame, 0 bytes spill", props), props[:200]
 

@@ -19,7 +19,7 @@ tensor_cores = pytest.mark.skipif(not tensorize_works(), reason="TVM's tensorize
 
 
 def _source(f) -> str:
-    return getattr(f.module, "mod", f.module).imports[0].inspect_source()
+    return f.module.mod.imports[0].inspect_source()
 
 
 def test_tf32_fragments_declares_and_rounds_only_tf32_operands():

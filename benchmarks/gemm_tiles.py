@@ -1,0 +1,79 @@
+"""The tensor-core GEMM alone (schedules/cuda_tensorcore.py), C[M, N] = A[M, K] @ W[K, N] with fp16 or bf16
+operands and an fp32 result, as the hoisted input GEMM runs it, at several tiles, side by side with cuBLAS
+(torch.matmul) in the same process:
+
+    python3 benchmarks/gemm_tiles.py 25600,4096,1024 --tiles 2,2,4,4,32,4 2,2,4,4,32,4,mma 4,2,4,4,32,3,mma
+
+A tile is warps_m,warps_n,fm,fn,bk,stages[,mma] (TensorCoreTile; mma: ldmatrix and mma.sync, else WMMA).
+Each is compiled for this GPU, checked against torch.matmul in float32 (relative norm error), and timed:
+median of --reps calls after warm-up, CUDA events. Prints a markdown table (us, TFLOP/s, cuBLAS/tile).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from tvm import te
+from tvm.runtime import from_dlpack
+from tvm.s_tir import Schedule
+
+from halstm.schedules.cuda_tensorcore import TensorCoreTile, gemm_tensorcore
+from halstm.targets import CudaTarget
+
+from gpu import timed  # noqa: E402 (beside this script)
+
+
+def tile_of(text: str) -> TensorCoreTile:
+    *numbers, last = text.split(",")
+    mma = last == "mma"
+    warps_m, warps_n, fm, fn, bk, stages = map(int, numbers if mma else [*numbers, last])
+    return TensorCoreTile(warps_m, warps_n, fm, fn, bk, stages=stages, mma=mma)
+
+
+def build(tile: TensorCoreTile, m: int, n: int, k: int, dtype: str, target: CudaTarget):
+    a = te.placeholder((m, k), dtype, name="A")
+    w = te.placeholder((k, n), dtype, name="W")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype("float32") * w[r, j].astype("float32"), axis=r),
+                   name="C")
+    sch = Schedule(te.create_prim_func([a, w, c]))
+    gemm_tensorcore(sch, sch.get_sblock("C"), tile, dtype)
+    return target.build(sch.mod)["main"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("shape", help="M,N,K")
+    ap.add_argument("--tiles", nargs="+", required=True)
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    m, n, k = map(int, args.shape.split(","))
+    target = CudaTarget.detect()
+    a = torch.randn(m, k, device="cuda").to(getattr(torch, args.dtype))
+    w = (torch.randn(k, n, device="cuda") / k**0.5).to(a.dtype)
+    want = a.float() @ w.float()
+    flops = 2 * m * n * k
+    cublas = timed(lambda: a @ w, reps=args.reps)
+    print(f"| tile | us | TFLOP/s | cuBLAS/tile | rel. error |\n|---|---|---|---|---|\n"
+          f"| cuBLAS (torch.matmul, {args.dtype} result) | {cublas * 1e3:.1f} | {flops / cublas / 1e9:.0f} | 1.00 | |")
+    for text in args.tiles:
+        tile = tile_of(text)
+        if not tile.fits(2, target):
+            print(f"| {text} | does not fit | | | |")
+            continue
+        c = torch.empty(m, n, device="cuda")
+        try:
+            gemm = build(tile, m, n, k, args.dtype, target)
+            call = lambda: gemm(from_dlpack(a), from_dlpack(w), from_dlpack(c))  # noqa: E731
+            ms = timed(call, reps=args.reps)
+        except Exception as e:  # noqa: BLE001 (report and go on)
+            print(f"| {text} | failed: {str(e).splitlines()[-1][:80]} | | | |")
+            continue
+        error = float(torch.linalg.norm(c - want) / torch.linalg.norm(want))
+        print(f"| {text} | {ms * 1e3:.1f} | {flops / ms / 1e9:.0f} | {cublas / ms:.2f} | {error:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
