@@ -2,10 +2,9 @@
 operands and an fp32 result, as the hoisted input GEMM runs it, at several tiles, side by side with cuBLAS
 (torch.matmul) in the same process:
 
-    python3 benchmarks/gemm_tiles.py 25600,4096,1024 --tiles 2,2,4,4,32,4 2,2,4,4,32,4,mma 4,2,4,4,32,3,mma
+    python3 benchmarks/gemm_tiles.py 25600,4096,1024 --tiles 2,2,4,4,32,4 2,2,4,4,64,2 4,2,4,4,32,3
 
-A tile is warps_m,warps_n,fm,fn,bk,stages[,mma] (TensorCoreTile; mma: ldmatrix and mma.sync, else WMMA).
-Each is compiled for this GPU, checked against torch.matmul in float32 (relative norm error), and timed:
+A tile is warps_m,warps_n,fm,fn,bk,stages (TensorCoreTile). Each is compiled for this GPU, checked against torch.matmul in float32 (relative norm error), and timed:
 median of --reps calls after warm-up, CUDA events. Prints a markdown table (us, TFLOP/s, cuBLAS/tile).
 """
 
@@ -25,10 +24,8 @@ from gpu import timed  # noqa: E402 (beside this script)
 
 
 def tile_of(text: str) -> TensorCoreTile:
-    *numbers, last = text.split(",")
-    mma = last == "mma"
-    warps_m, warps_n, fm, fn, bk, stages = map(int, numbers if mma else [*numbers, last])
-    return TensorCoreTile(warps_m, warps_n, fm, fn, bk, stages=stages, mma=mma)
+    warps_m, warps_n, fm, fn, bk, stages = map(int, text.split(","))
+    return TensorCoreTile(warps_m, warps_n, fm, fn, bk, stages=stages)
 
 
 def build(tile: TensorCoreTile, m: int, n: int, k: int, dtype: str, target: CudaTarget):

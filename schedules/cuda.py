@@ -95,12 +95,10 @@ class CudaStepLoop(Recipe):
         # ResetBeforeGRU B=256 3.14 / 3.29, B=64 2.54 / 2.58 (an earlier run without the unrolled
         # epilogue had it 2.64 / 2.55); GRU does not fuse (3 gates, no whole units in a tile)
         "tc_epilogue": (True, False),
-        # both tensor-core GEMMs through ldmatrix and mma.sync instead of WMMA (mma.py; fp16/bf16)
-        "tc_mma": (False, True),
     }
     _FFMA_STEP = ("block_rows", "block_cols", "thread_rows", "thread_cols", "k_chunk")
     _FFMA_HOISTED = ("hoisted_block", "hoisted_thread")
-    _TENSOR_CORE = ("tc_hoisted_frags", "tc_k", "tc_stages", "tc_mma")
+    _TENSOR_CORE = ("tc_hoisted_frags", "tc_k", "tc_stages")
     _TENSOR_CORE_STEP = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_step_k", "tc_prefetch", "tc_fill",
                          "tc_epilogue")
 
@@ -291,7 +289,7 @@ HOISTED_WARPS = (2, 2)
 def hoisted_tensor_core_tile(knobs: dict) -> TensorCoreTile:
     """The hoisted GEMM's tensor-core tile: HOISTED_WARPS warps of tc_hoisted_frags fragments."""
     frags = knobs["tc_hoisted_frags"]
-    return TensorCoreTile(*HOISTED_WARPS, frags, frags, knobs["tc_k"], stages=knobs["tc_stages"], mma=knobs["tc_mma"])
+    return TensorCoreTile(*HOISTED_WARPS, frags, frags, knobs["tc_k"], stages=knobs["tc_stages"])
 
 
 def step_tensor_core_tile(knobs: dict, rows: int, cols: int, target) -> TensorCoreTile:
@@ -301,8 +299,7 @@ def step_tensor_core_tile(knobs: dict, rows: int, cols: int, target) -> TensorCo
     SMs idle (tc_fill)."""
     frags, prefetch = knobs["tc_frags"], knobs["tc_prefetch"]
     tile = TensorCoreTile(knobs["tc_warps_m"], knobs["tc_warps_n"], frags, frags, knobs["tc_step_k"],
-                          prefetch=prefetch, stages=1 if prefetch else knobs["tc_stages"],
-                          mma=knobs["tc_mma"]).for_rows(rows)
+                          prefetch=prefetch, stages=1 if prefetch else knobs["tc_stages"]).for_rows(rows)
     return tile.filling(rows, cols, target.sms) if knobs["tc_fill"] else tile
 
 

@@ -33,7 +33,6 @@ from dataclasses import dataclass, replace
 from tvm.s_tir import Schedule
 
 from .recipe import is_pure_copy
-from .mma import PTX_TYPE as MMA_TYPES, intrinsics as mma_intrinsics, tiled_layout
 from .wmma import FRAG, TILE_SCOPE, frag_k, fragment_dtype, intrinsics
 
 WARP = 32
@@ -74,12 +73,6 @@ class TensorCoreTile:
     bk: int
     prefetch: bool = False  # the next K tile's global loads into registers before the mma of this one
     stages: int = 1  # K tiles in flight: > 1 fetches them with cp.async, stages - 1 ahead of the mma
-    mma: bool = False  # fp16/bf16 operands through ldmatrix and mma.sync (mma.py) instead of WMMA
-
-    def stores_directly(self, dtype: str, rows: int, cols: int, depth: int) -> bool:
-        """Whether the accumulators go from registers to the result (mma, whole tiles), with no C
-        tile in shared memory."""
-        return self.mma and dtype in MMA_TYPES and rows % self.bm == 0 and cols % self.bn == 0 and depth % self.bk == 0
 
     @property
     def bm(self) -> int:
@@ -200,9 +193,8 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str, epil
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(vec)
         sch.storage_align(staged, 0, axis=-2, factor=32, offset=VECTOR)
-    mma = tile.mma and dtype in MMA_TYPES
-    a_frag = sch.cache_read(outer, 0, "warp" if mma else "wmma.matrix_a")
-    w_frag = sch.cache_read(outer, 1, "warp" if mma else "wmma.matrix_b")
+    a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
+    w_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
     sch.compute_at(a_frag, k_inner)
     sch.compute_at(w_frag, k_inner)
     if fragment_dtype(dtype) != dtype:  # TF32: operand fragments typed as wmma.py says
@@ -211,38 +203,30 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str, epil
 
     # C's tile in the operands' scope: TVM merges the three into one dynamic allocation, C over the
     # operand tiles (TensorCoreTile.shared_bytes); the CUDA target turns TVM's storage rewrite off,
-    # which would instead reuse A's fp16 tile for C and fail on the fp32 pointer into it. mma's
-    # accumulators (their layout known) go from registers to C where no tile needs padding
-    direct = tile.stores_directly(dtype, rows, cols, depth) and not epilogue
-    c_shared = None if direct else sch.cache_write(outer, 0, TILE_SCOPE)
-    acc = sch.cache_write(outer, 0, "warp" if mma else "wmma.accumulator")
+    # which would instead reuse A's fp16 tile for C and fail on the fp32 pointer into it
+    c_shared = sch.cache_write(outer, 0, TILE_SCOPE)
+    acc = sch.cache_write(outer, 0, "wmma.accumulator")
     sch.reverse_compute_at(acc, warp)
-    if not direct:
-        sch.reverse_compute_at(c_shared, warp)
+    sch.reverse_compute_at(c_shared, warp)
     init = sch.decompose_reduction(outer, k_outer)
     if tile.prefetch:
         _prefetch(sch, k_outer, fetches)
     elif tile.stages > 1 and all(whole.values()):
         _pipeline(sch, k_outer, tile.stages)
 
-    names = mma_intrinsics(dtype) if mma else intrinsics(dtype)
-    for frag, (rows, cols) in ((a_frag, (FRAG, depth_frag)), (w_frag, (depth_frag, FRAG)), (acc, (FRAG, FRAG))):
+    names = intrinsics(dtype)
+    for frag, role, (rows, cols) in ((a_frag, "load_a", (FRAG, depth_frag)), (w_frag, "load_b", (depth_frag, FRAG)),
+                                     (acc, "store", (FRAG, FRAG))):
         i, j = sch.get_loops(frag)[-2:]
         i0, i1 = sch.split(i, [None, rows])
         j0, j1 = sch.split(j, [None, cols])
         sch.reorder(i0, j0, i1, j1)
-    if mma:  # the warp buffers as 16x16 tiles in the mma fragments' layout
-        for frag, access in ((a_frag, ("write", 0)), (w_frag, ("write", 0)), (acc, ("read", 0))):
-            sch.transform_layout(frag, access, tiled_layout)
-    for frag, role in ((a_frag, "load_a"), (w_frag, "load_b"), (acc, "store_global" if direct else "store")):
-        sch.tensorize(sch.get_loops(frag)[-2], names[role])
+        sch.tensorize(i1, names[role])
     sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], names["init"])
     sch.tensorize(sch.get_loops(inner)[-3], names["compute"])
 
     if epilogue:
         sch.compute_inline(c_shared)  # no write-back: the elementwise math reads the C tile
-        return
-    if direct:
         return
     for consumer in sch.get_consumers(c_shared):  # the copy of the padded result back to M x N
         if sch.get(consumer).reads[0].source.name.endswith("_pad"):

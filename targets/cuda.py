@@ -7,10 +7,7 @@ import re
 from dataclasses import dataclass
 
 import tvm
-import tvm_ffi
-from tvm import tirx
 from tvm.runtime import Executable
-from tvm.s_tir.analysis import calculate_allocated_bytes
 from tvm.target import Target
 from tvm.tirx.build import split_host_device_mods, tir_to_runtime  # the module: tvm.tirx.build is its function
 
@@ -71,9 +68,10 @@ class CudaTarget:
         """Compile ``mod``; with ``cooperative``, every kernel that calls ``T.cuda.grid_sync()`` is
         launched with cudaLaunchCooperativeKernel, which the grid sync needs.
 
-        This is ``tvm.tirx.build`` with two steps between the host/device split and the device
-        finalisation: the cooperative flag (it must sit on the device function after the split: an
-        attribute on the PrimFunc does not reach the kernel) and ``_lower_warp_buffers``.
+        This is ``tvm.tirx.build`` (which ``tvm.compile`` runs, and wraps in an Executable), with one
+        step between the host/device split and the device finalisation: the cooperative flag, which
+        must sit on the device function after the split (an attribute on the PrimFunc does not reach
+        the kernel).
         """
         _rewrite_generated_source()
         with self._context():
@@ -81,7 +79,7 @@ class CudaTarget:
             _, finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(self.tvm_target)
             if cooperative:
                 device_mods = {t: _mark_cooperative(m) for t, m in device_mods.items()}
-            device_mods = {t: finalize_device()(_lower_warp_buffers(m)) for t, m in device_mods.items()}
+            device_mods = {t: finalize_device()(m) for t, m in device_mods.items()}
             return Executable(tir_to_runtime(finalize_host()(host_mod), device_mods, Target(self.tvm_target.host)))
 
     def split(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
@@ -110,62 +108,6 @@ class CudaTarget:
                   "tirx.disable_storage_rewrite": True}
         return tvm.transform.PassContext(outer.opt_level, list(outer.required_pass), list(outer.disabled_pass),
                                          list(outer.instruments), config)
-
-
-def _lower_warp_buffers(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with every ``warp`` buffer (the mma fragments, schedules/mma.py) in registers, as
-    TVM's LowerWarpMemory does (the device finalisation runs it), past two limits it has in TVM 0.27.
-    It looks for the lane index (threadIdx.x) after the allocation, but without TVM's storage
-    rewrite (``_context``) a warp buffer is allocated inside the kernel's threadIdx.x launch: the
-    allocations move to just before it (``_hoist_warp_allocations``). And it lowers the first warp
-    allocation of a statement sequence and leaves the others: thread-local arrays 32 times too
-    large, indexed by the lane, which nvcc puts in local memory. Applied until nothing changes, it
-    lowers one more each time."""
-    if not any("warp" in scopes for scopes in calculate_allocated_bytes(mod).values()):
-        return mod
-    mod = tvm.IRModule({g: _hoist_warp_allocations(f) for g, f in mod.functions.items()}, attrs=mod.attrs)
-    lower = tvm.tirx.transform.LowerWarpMemory()
-    while not tvm_ffi.structural_equal(lowered := lower(mod), mod):
-        mod = lowered
-    return mod
-
-
-def _hoist_warp_allocations(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` with its warp allocations moved to just before its threadIdx.x launch (they are
-    thread-private in the end; only their scope grows). Looks through sequences, attributes, loops
-    and conditions, where TVM's lowering puts them."""
-    found = []
-
-    def strip(stmt):
-        if isinstance(stmt, tirx.SeqStmt):
-            kept = []
-            for s in stmt.seq:
-                if isinstance(s, tirx.AllocBuffer) and s.buffer.scope() == "warp":
-                    found.append(s)
-                else:
-                    kept.append(strip(s))
-            return tirx.SeqStmt(kept) if kept else tirx.Evaluate(0)
-        if isinstance(stmt, tirx.AttrStmt):
-            return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, strip(stmt.body))
-        if isinstance(stmt, tirx.For):
-            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, strip(stmt.body), stmt.thread_binding,
-                            stmt.annotations, stmt.step)
-        if isinstance(stmt, tirx.IfThenElse):
-            return tirx.IfThenElse(stmt.condition, strip(stmt.then_case),
-                                   strip(stmt.else_case) if stmt.else_case is not None else None)
-        return stmt
-
-    def place(stmt):
-        if isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == "thread_extent" and stmt.node.thread_tag == "threadIdx.x":
-            return tirx.SeqStmt([*found, stmt])
-        if isinstance(stmt, tirx.SeqStmt):
-            return tirx.SeqStmt([place(s) for s in stmt.seq])
-        if isinstance(stmt, tirx.AttrStmt):
-            return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, place(stmt.body))
-        return stmt
-
-    body = strip(func.body)
-    return func.with_body(place(body)) if found else func
 
 
 _TF32_OPERAND = re.compile(r"(nvcuda::wmma::fragment<nvcuda::wmma::matrix_[ab], 16, 16, 8, )half(, [\w:]+> )(\w+)\[")

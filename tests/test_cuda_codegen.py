@@ -582,10 +582,7 @@ def test_shared_memory_model_matches_tvms_allocation(dtype, knobs):
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("dtype, knobs", [("float16", {"tc_stages": 2, "tc_step_k": 32}),
                                           ("bfloat16", {"tc_stages": 3, "tc_step_k": 32, "tc_hoisted_frags": 2}),
-                                          ("tf32", {"tc_stages": 2, "tc_step_k": 16, "tc_k": 16}),
-                                          ("float16", {"tc_mma": True}),
-                                          ("bfloat16", {"tc_mma": True, "tc_stages": 1, "tc_hoisted_frags": 4}),
-                                          ("float16", {"tc_mma": True, "tc_prefetch": True, "tc_epilogue": False})])
+                                          ("tf32", {"tc_stages": 2, "tc_step_k": 16, "tc_k": 16})])
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
 def test_pipelined_gemms_match_reference_on_gpu(cell, dtype, knobs, rng):
     torch = pytest.importorskip("torch")
@@ -602,28 +599,3 @@ def test_pipelined_gemms_match_reference_on_gpu(cell, dtype, knobs, rng):
     want_y, _ = halstm.reference(c, np.asarray(x, np.float64), upcast(params), upcast(states))
     assert rel_err(y.float().cpu().numpy(), want_y) < (TF32_TOLERANCE if tf32 else TOLERANCE[dtype])
 
-
-# --- the tensor-core GEMMs through ldmatrix and mma.sync (tc_mma) ---------------------------------
-
-MMA_CASES = [(halstm.LSTM, "float16", 64, 256, {}), (halstm.GRU, "bfloat16", 64, 256, {"tc_stages": 1}),
-             (halstm.ResetBeforeGRU, "float16", 17, 40, {}), (halstm.PeepholeLSTM, "float16", 16, 512,
-                                                              {"tc_prefetch": True, "tc_hoisted_frags": 4})]
-
-
-@tensor_cores
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-@pytest.mark.parametrize("cell, dtype, batch, hidden, knobs", MMA_CASES, ids=lambda v: getattr(v, "__name__", None))
-def test_mma_gemms_keep_their_fragments_in_registers(cell, dtype, batch, hidden, knobs, tmp_path):
-    """tc_mma: both GEMMs load their fragments with ldmatrix and multiply with mma.sync m16n8k16, no
-    WMMA left; every fragment array is a thread's 8 elements a 16x16 tile (the warp buffers lowered,
-    each of them: TVM lowers one a sequence, CudaTarget.build the rest), not the warp's 256 that a
-    buffer left as TVM allocated it holds; nvcc compiles it (ragged B and H included)."""
-    f = halstm.compile(cell(hidden, hidden), 3, batch, dtype, target=H100, recipe="cuda-step-loop",
-                       knobs={"tc_mma": True, **knobs})
-    source = f.module.mod.imports[0].inspect_source()
-    gemms = [k for k in source.split("__global__")[1:] if "mma.sync" in k]
-    assert len(gemms) == 2 and "wmma::" not in source
-    assert all("ldmatrix.sync.aligned.m8n8.x4.shared.b16" in k and ".trans" in k for k in gemms)
-    fragments = re.findall(r"alignas\(64\) \w+ \w+_warp_ptr\w*\[(\d+)\];", source)
-    assert fragments and all(int(n) % 8 == 0 and int(n) <= 8 * 16 for n in fragments)
-    assert_nvcc_compiles(source, tmp_path)
