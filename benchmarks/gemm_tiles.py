@@ -4,8 +4,11 @@ operands and an fp32 result, as the hoisted input GEMM runs it, at several tiles
 
     python3 benchmarks/gemm_tiles.py 25600,4096,1024 --tiles 2,2,4,4,32,4 2,2,4,4,64,2 4,2,4,4,32,3
 
-A tile is warps_m,warps_n,fm,fn,bk,stages (TensorCoreTile). Each is compiled for this GPU, checked against torch.matmul in float32 (relative norm error), and timed:
-median of --reps calls after warm-up, CUDA events. Prints a markdown table (us, TFLOP/s, cuBLAS/tile).
+A tile is warps_m,warps_n,fm,fn,bk,stages (TensorCoreTile). Each is compiled for this GPU, checked against
+torch.matmul in float32 (relative norm error), and timed as kernel_breakdown.py times kernels: GPU time
+from torch.profiler, summed over --reps calls after warm-up, divided by --reps (a small GEMM's call costs
+more on the CPU than on the GPU, which CUDA events around each call would time). Prints a markdown table (us,
+TFLOP/s, cuBLAS/tile).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from tvm.s_tir import Schedule
 from halstm.schedules.cuda_tensorcore import TensorCoreTile, gemm_tensorcore
 from halstm.targets import CudaTarget
 
-from gpu import timed  # noqa: E402 (beside this script)
+from kernel_breakdown import kernel_times  # noqa: E402 (beside this script)
 
 
 def tile_of(text: str) -> TensorCoreTile:
@@ -52,7 +55,11 @@ def main():
     w = (torch.randn(k, n, device="cuda") / k**0.5).to(a.dtype)
     want = a.float() @ w.float()
     flops = 2 * m * n * k
-    cublas = timed(lambda: a @ w, reps=args.reps)
+
+    def gpu_ms(fn):
+        return sum(us for us, _ in kernel_times(fn, args.reps).values()) / 1e3
+
+    cublas = gpu_ms(lambda: a @ w)
     print(f"| tile | us | TFLOP/s | cuBLAS/tile | rel. error |\n|---|---|---|---|---|\n"
           f"| cuBLAS (torch.matmul, {args.dtype} result) | {cublas * 1e3:.1f} | {flops / cublas / 1e9:.0f} | 1.00 | |")
     for text in args.tiles:
@@ -63,8 +70,8 @@ def main():
         c = torch.empty(m, n, device="cuda")
         try:
             gemm = build(tile, m, n, k, args.dtype, target)
-            call = lambda: gemm(from_dlpack(a), from_dlpack(w), from_dlpack(c))  # noqa: E731
-            ms = timed(call, reps=args.reps)
+            operands = [from_dlpack(t) for t in (a, w, c)]
+            ms = gpu_ms(lambda: gemm(*operands))
         except Exception as e:  # noqa: BLE001 (report and go on)
             print(f"| {text} | failed: {str(e).splitlines()[-1][:80]} | | | |")
             continue
