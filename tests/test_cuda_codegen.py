@@ -598,4 +598,3 @@ def test_pipelined_gemms_match_reference_on_gpu(cell, dtype, knobs, rng):
     y, _ = f(to_gpu(x), {k: to_gpu(v) for k, v in params.items()}, {k: to_gpu(v) for k, v in states.items()})
     want_y, _ = halstm.reference(c, np.asarray(x, np.float64), upcast(params), upcast(states))
     assert rel_err(y.float().cpu().numpy(), want_y) < (TF32_TOLERANCE if tf32 else TOLERANCE[dtype])
-
