@@ -1,6 +1,6 @@
 """The tensor-core GEMM alone (schedules/cuda_tensorcore.py), C[M, N] = A[M, K] @ W[K, N] with fp16 or bf16
-operands and an fp32 result, as the hoisted input GEMM runs it, at several tiles, side by side with cuBLAS
-(torch.matmul) in the same process:
+operands and an fp32 result, as the hoisted input GEMM runs it (or, with --result, C rounded to the operands'
+type as it is written), at several tiles, side by side with cuBLAS (torch.matmul) in the same process:
 
     python3 benchmarks/gemm_tiles.py 25600,4096,1024 --tiles 2,2,4,4,32,4 2,2,4,4,64,2 4,2,4,4,32,3
 
@@ -31,14 +31,17 @@ def tile_of(text: str) -> TensorCoreTile:
     return TensorCoreTile(warps_m, warps_n, fm, fn, bk, stages=stages)
 
 
-def build(tile: TensorCoreTile, m: int, n: int, k: int, dtype: str, target: CudaTarget):
+def build(tile: TensorCoreTile, m: int, n: int, k: int, dtype: str, target: CudaTarget, result: str = "float32"):
     a = te.placeholder((m, k), dtype, name="A")
     w = te.placeholder((k, n), dtype, name="W")
     r = te.reduce_axis((0, k), name="k")
     c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype("float32") * w[r, j].astype("float32"), axis=r),
                    name="C")
-    sch = Schedule(te.create_prim_func([a, w, c]))
+    rounded = te.compute((m, n), lambda i, j: c[i, j].astype(result), name="rounded")
+    sch = Schedule(te.create_prim_func([a, w, c if result == "float32" else rounded]))
     gemm_tensorcore(sch, sch.get_sblock("C"), tile, dtype)
+    if result != "float32":
+        sch.reverse_compute_inline(sch.get_sblock("rounded"))  # into the write-back from the C tile
     return target.build(sch.mod)["main"]
 
 
@@ -47,9 +50,12 @@ def main():
     ap.add_argument("shape", help="M,N,K")
     ap.add_argument("--tiles", nargs="+", required=True)
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    ap.add_argument("--result", default="float32", choices=("float32", "operands"),
+                    help="the result's type: fp32, or the operands' (rounded as it is written)")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     m, n, k = map(int, args.shape.split(","))
+    result = args.dtype if args.result == "operands" else "float32"
     target = CudaTarget.detect()
     a = torch.randn(m, k, device="cuda").to(getattr(torch, args.dtype))
     w = (torch.randn(k, n, device="cuda") / k**0.5).to(a.dtype)
@@ -67,15 +73,15 @@ def main():
         if not tile.fits(2, target):
             print(f"| {text} | does not fit | | | |")
             continue
-        c = torch.empty(m, n, device="cuda")
+        c = torch.empty(m, n, device="cuda", dtype=getattr(torch, result))
         try:
-            gemm = build(tile, m, n, k, args.dtype, target)
+            gemm = build(tile, m, n, k, args.dtype, target, result)
             operands = [from_dlpack(t) for t in (a, w, c)]
             ms = gpu_ms(lambda: gemm(*operands))
         except Exception as e:  # noqa: BLE001 (report and go on)
             print(f"| {text} | failed: {str(e).splitlines()[-1][:80]} | | | |")
             continue
-        error = float(torch.linalg.norm(c - want) / torch.linalg.norm(want))
+        error = float(torch.linalg.norm(c.float() - want) / torch.linalg.norm(want))
         print(f"| {text} | {ms * 1e3:.1f} | {flops / ms / 1e9:.0f} | {cublas / ms:.2f} | {error:.1e} |")
 
 
