@@ -37,10 +37,11 @@ def build(tile: TensorCoreTile, m: int, n: int, k: int, dtype: str, target: Cuda
     r = te.reduce_axis((0, k), name="k")
     c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype("float32") * w[r, j].astype("float32"), axis=r),
                    name="C")
-    rounded = te.compute((m, n), lambda i, j: c[i, j].astype(result), name="rounded")
-    sch = Schedule(te.create_prim_func([a, w, c if result == "float32" else rounded]))
+    rounded = result != "float32"
+    out = te.compute((m, n), lambda i, j: c[i, j].astype(result), name="rounded") if rounded else c
+    sch = Schedule(te.create_prim_func([a, w, out]))
     gemm_tensorcore(sch, sch.get_sblock("C"), tile, dtype)
-    if result != "float32":
+    if rounded:
         sch.reverse_compute_inline(sch.get_sblock("rounded"))  # into the write-back from the C tile
     return target.build(sch.mod)["main"]
 
