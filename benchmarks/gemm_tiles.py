@@ -7,7 +7,7 @@ type as it is written), at several tiles, side by side with cuBLAS (torch.matmul
 A tile is warps_m,warps_n,fm,fn,bk,stages (TensorCoreTile). Each is compiled for this GPU, checked against
 torch.matmul in float32 (relative norm error), and timed as kernel_breakdown.py times kernels: GPU time
 from torch.profiler, summed over --reps calls after warm-up, divided by --reps (a small GEMM's call costs
-more on the CPU than on the GPU, which CUDA events around each call would time). Prints a markdown table (us,
+more on the CPU than on the GPU, which CUDA events around the calls would time). Prints a markdown table (us,
 TFLOP/s, cuBLAS/tile).
 """
 
@@ -20,7 +20,7 @@ from tvm import te
 from tvm.runtime import from_dlpack
 from tvm.s_tir import Schedule
 
-from halstm.schedules.cuda_tensorcore import TensorCoreTile, gemm_tensorcore
+from halstm.schedules.cuda_tensorcore import BYTES, TensorCoreTile, gemm_tensorcore
 from halstm.targets import CudaTarget
 
 from kernel_breakdown import kernel_times  # noqa: E402 (beside this script)
@@ -71,7 +71,7 @@ def main():
           f"| cuBLAS (torch.matmul, {args.dtype} result) | {cublas * 1e3:.1f} | {flops / cublas / 1e9:.0f} | 1.00 | |")
     for text in args.tiles:
         tile = tile_of(text)
-        if not tile.fits(2, target):
+        if not tile.fits(BYTES[args.dtype], target):
             print(f"| {text} | does not fit | | | |")
             continue
         c = torch.empty(m, n, device="cuda", dtype=getattr(torch, result))

@@ -68,8 +68,13 @@ class Plan:
     stages: list[list[Gemm]]
 
     @property
+    def step_gemms(self) -> list[Gemm]:
+        """The GEMMs of the steps, stage by stage (the hoisted ones not among them)."""
+        return [g for stage in self.stages for g in stage]
+
+    @property
     def gemms(self) -> list[Gemm]:
-        return self.hoisted + [g for stage in self.stages for g in stage]
+        return self.hoisted + self.step_gemms
 
     def gemm_of(self, index: int) -> Gemm:
         return next(g for g in self.gemms if any(m.index == index for m in g.members))

@@ -116,7 +116,7 @@ class CudaStepLoop(Recipe):
         if target is not None and use_tensor_cores(k, program, target, program.batch):
             # the FFMA step knobs stay at their first value, as valid() wants of unused knobs
             return {**k, **self._step_tensor_core_defaults(program, target, k)}
-        widest = max((g.rows for stage in program.plan.stages for g in stage), default=0)
+        widest = max((g.rows for g in program.plan.step_gemms), default=0)
         while (target is not None and k["block_cols"] > 32
                and step_tile(k, program.batch).blocks(program.batch, widest) < target.sms):
             k["block_cols"] //= 2
@@ -146,7 +146,7 @@ class CudaStepLoop(Recipe):
         LSTM B=256 H=1024 (64 x 64 tiles, 256 blocks already, K=64) 3.79 / 4.32 / 3.90;
         GRU B=256 H=1024 3.41 (with prefetch) / 3.68; LSTM B=64 H=2048 6.48 / 6.71 / 6.71."""
         size = BYTES[program.dtype]
-        gemms = [g for stage in program.plan.stages for g in stage]
+        gemms = program.plan.step_gemms
         depth = max((g.depth for g in gemms), default=0)
         if not depth:
             return {}
@@ -366,14 +366,14 @@ def _hoisted_fragments(knobs: dict, program, target) -> int:
 def _step_tiles_fit(knobs: dict, program, target, size: int) -> bool:
     """Whether the tensor-core tile of each step GEMM fits (one per stage, its own columns)."""
     return all(step_tensor_core_tile(knobs, program.batch, g.rows, target).fits(size, target)
-               for stage in program.plan.stages for g in stage)
+               for g in program.plan.step_gemms)
 
 
 def epilogue_units(knobs: dict, program, target) -> int | None:
     """The units a column tile of the first step GEMM holds when its epilogue fuses (tc_epilogue):
     on tensor cores, M, N, K whole tiles, N a whole number G of gates of width H, and the tile's
     columns G x units with units dividing H; None otherwise."""
-    gemm = next((g for stage in program.plan.stages for g in stage), None)
+    gemm = next(iter(program.plan.step_gemms), None)
     if gemm is None or not (knobs["tc_epilogue"] and use_tensor_cores(knobs, program, target, program.batch)):
         return None
     return _tile_units(step_tensor_core_tile(knobs, program.batch, gemm.rows, target), gemm, program)

@@ -287,7 +287,7 @@ def _prologue_knobs(program, target, knobs) -> dict:
 
 
 def _widest(program) -> int:
-    return max((g.rows for stage in program.plan.stages for g in stage), default=program.cell.hidden_size)
+    return max((g.rows for g in program.plan.step_gemms), default=program.cell.hidden_size)
 
 
 def _register_tile(program, units: int) -> dict:

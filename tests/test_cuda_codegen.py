@@ -292,7 +292,7 @@ def test_step_gemm_keeps_four_warps_on_narrow_tiles():
     program = halstm.lower(halstm.ResetBeforeGRU(1024, 1024), steps=2, batch=256, dtype="float16")
     knobs = CudaStepLoop().defaults(program, H100)
     assert (knobs["tc_warps_m"], knobs["tc_step_k"]) == (2, 32)
-    assert min(step_tensor_core_tile(knobs, 256, g.rows, H100).bn for s in program.plan.stages for g in s) < 64
+    assert min(step_tensor_core_tile(knobs, 256, g.rows, H100).bn for g in program.plan.step_gemms) < 64
 
 
 def test_step_tensor_core_knobs_pruned_where_they_do_not_fit():
