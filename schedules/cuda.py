@@ -37,6 +37,7 @@ bm / tm row threads, so that a block is not mostly idle threads.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from tvm.s_tir import Schedule
@@ -47,6 +48,7 @@ from halstm.lowering import PackedLayout
 from .cuda_tensorcore import (BYTES, WARP, TensorCoreTile, fetches_its_operand, gemm_tensorcore,
                               tensor_cores_available)
 from .recipe import Recipe, child_blocks, inline_elementwise, is_pure_copy, is_reduction, merge_next_states
+from .wgmma import gemm_wgmma, wgmma_available, wgmma_tile
 
 VECTOR = 4  # elements a thread fetches at once into shared memory
 # the step GEMM uses tensor cores from one full 16-row fragment up: below, most of each mma_sync
@@ -95,12 +97,17 @@ class CudaStepLoop(Recipe):
         # ResetBeforeGRU B=256 3.14 / 3.29, B=64 2.54 / 2.58 (an earlier run without the unrolled
         # epilogue had it 2.64 / 2.55); GRU does not fuse (3 gates, no whole units in a tile)
         "tc_epilogue": (True, False),
+        # the hoisted fp16/bf16 GEMM on Hopper's wgmma (wgmma.py) rather than WMMA: 18-31 % faster
+        # alone (run 79). (The step's would need its packed weights laid out (N, K), which
+        # transform_layout refuses for a buffer of the whole function.)
+        "wgmma": (True, False),
     }
     _FFMA_STEP = ("block_rows", "block_cols", "thread_rows", "thread_cols", "k_chunk")
     _FFMA_HOISTED = ("hoisted_block", "hoisted_thread")
     _TENSOR_CORE = ("tc_hoisted_frags", "tc_k", "tc_stages")
     _TENSOR_CORE_STEP = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_step_k", "tc_prefetch", "tc_fill",
                          "tc_epilogue")
+    _WGMMA = ("wgmma",)
 
     def is_applicable(self, program, target) -> bool:
         return target.kind == "cuda"
@@ -195,23 +202,27 @@ class CudaStepLoop(Recipe):
         """As Recipe.space, but the unused knobs are not enumerated (the full product is 500K
         settings, a minute of valid())."""
         space = []
-        for on in self.knobs["tensor_cores"]:
-            first = {**self.defaults(program, target), "tensor_cores": on}
+        for on, wgmma in itertools.product(self.knobs["tensor_cores"], self.knobs["wgmma"]):
+            first = {**self.defaults(program, target), "tensor_cores": on, "wgmma": wgmma}
             unused = self._unused(program, target, first)
-            if on != self.knobs["tensor_cores"][0] and "tensor_cores" in unused:
+            if any(first[n] != self.knobs[n][0] and n in unused for n in ("tensor_cores", "wgmma")):
                 continue
-            names = [n for n in self.knobs if n != "tensor_cores" and n not in unused]
-            space += [k for k in self.settings(names, {"tensor_cores": on}) if self.valid(program, target, k)]
+            names = [n for n in self.knobs if n not in ("tensor_cores", "wgmma") and n not in unused]
+            space += [k for k in self.settings(names, {"tensor_cores": on, "wgmma": wgmma})
+                      if self.valid(program, target, k)]
         return space
 
     def _unused(self, program, target, knobs) -> tuple:
         """The knobs that change nothing here."""
         if not tensor_cores_available(program.dtype, target, program.allow_tf32):
-            return self._TENSOR_CORE + self._TENSOR_CORE_STEP + ("tensor_cores",)
+            return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA + ("tensor_cores",)
         step_tc = use_tensor_cores(knobs, program, target, program.batch)
         if not use_tensor_cores(knobs, program, target):
-            return self._TENSOR_CORE + self._TENSOR_CORE_STEP
-        return self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else self._TENSOR_CORE_STEP)
+            return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA
+        wgmma = ("tc_hoisted_frags",) if hoisted_on_wgmma(knobs, program, target) else ()
+        if not wgmma_available(program.dtype, target):
+            wgmma = self._WGMMA
+        return self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else self._TENSOR_CORE_STEP) + wgmma
 
     def layout(self, program, target, knobs) -> PackedLayout:
         """Columns grouped by units (``PackedLayout.units``) where a step GEMM's epilogue fuses:
@@ -430,6 +441,16 @@ def fuse_epilogue(sch: Schedule, gemm, knobs: dict, program, target):
     return fused
 
 
+def hoisted_on_wgmma(knobs: dict, program, target) -> bool:
+    """Whether the hoisted GEMMs run on wgmma (schedule_gemm): tensor cores and the knob on, a
+    Hopper GPU and fp16/bf16, every hoisted GEMM's tile fitting its N and K. (schedule_gemm also
+    needs the operand in the storage type, not known here: a cell that computes it in fp32 runs WMMA.)"""
+    if not (knobs["wgmma"] and use_tensor_cores(knobs, program, target) and wgmma_available(program.dtype, target)):
+        return False
+    rows = program.steps * program.batch
+    return all(wgmma_tile(rows, g.rows, target).fits(g.rows, g.depth, program.dtype, target) for g in program.plan.hoisted)
+
+
 def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None) -> bool:
     """Whether a GEMM runs on tensor cores: the knob on, the target's tensor cores able to take the
     dtype (tensor_cores_available), and for the step GEMM (``step_rows`` given) at least
@@ -443,6 +464,11 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     ``use_tensor_cores`` allows and the tile can fetch its operand, else the FFMA tile."""
     rows = program.batch if step else program.steps * program.batch
     if use_tensor_cores(knobs, program, target, rows if step else None):
+        if not step and knobs["wgmma"] and wgmma_available(program.dtype, target):
+            cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-2:])
+            tile = wgmma_tile(rows, cols, target)
+            if tile.fits(cols, depth, program.dtype, target) and gemm_wgmma(sch, block, tile, program.dtype):
+                return
         if step:
             tile = step_tensor_core_tile(knobs, rows, int(sch.get(block).writes[0].source.shape[-1]), target)
         else:
@@ -533,6 +559,12 @@ TRANSPOSE_TILE = 32
 TRANSPOSE_ROWS = 8  # tile rows a round: 8 x 32 = 256 threads a block, 4 rounds a tile
 
 
+def _transposes(sch: Schedule, block) -> bool:
+    """Whether ``block`` writes its first loop's variable as the row (w_packed[k, n]); the wgmma
+    GEMM lays its weights out (N, K), which makes their packing a copy (wgmma.py)."""
+    return sch.get(block).writes[0].region[0].min.same_as(sch.get(block).iter_vars[0].var)
+
+
 def schedule_transpose(sch: Schedule, block) -> bool:
     """A ``w_packed*`` block (w_packed[k, n] = stacked weights[n, k]) as a tiled transpose, one
     32 x 32 tile a thread block: its threads compute the tile, consecutive threads at consecutive k
@@ -549,12 +581,12 @@ def schedule_transpose(sch: Schedule, block) -> bool:
     region without the condition: weight_hz[-50:50] for the second of two 50-row weights). Ragged
     K and N are guarded by the splits' predicates.
 
-    Returns False, leaving the block alone, for any other block, a blocked layout (PackedLayout
-    with ``tile``: three loops; CUDA does not use it) or a block that shares its loops with
-    another (merge_next_states)."""
+    Returns False, leaving the block alone, for any other block, a packing that does not transpose
+    (``_transposes``), a blocked layout (PackedLayout with ``tile``: three loops; CUDA does not use
+    it) or a block that shares its loops with another (merge_next_states)."""
     loops = sch.get_loops(block)
     if (not sch.get(block).name_hint.startswith("w_packed") or len(loops) != 2
-            or len(sch.get_child_blocks(loops[0])) != 1):
+            or len(sch.get_child_blocks(loops[0])) != 1 or not _transposes(sch, block)):
         return False
     tile = sch.cache_write(block, 0, "shared")
     sch.storage_align(block, 0, axis=0, factor=TRANSPOSE_TILE, offset=1)

@@ -66,10 +66,11 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import indent, skeleton
 
-from .cuda import (BYTES, CudaStepLoop, bind_flat, epilogue_units, hoisted_tensor_core_tile,
+from .cuda import (BYTES, CudaStepLoop, bind_flat, epilogue_units, hoisted_on_wgmma, hoisted_tensor_core_tile,
                    schedule_gemm, schedule_transpose, use_tensor_cores)
 from .cuda_tensorcore import tensor_cores_available
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
+from .wgmma import wgmma_available
 from .wmma import FRAG
 
 # Every shared buffer's size is a multiple of this many bytes. TVM merges the shared allocations
@@ -141,8 +142,10 @@ class CudaPersistent(Recipe):
         "warp_frags": (4, 1, 2),
         # a warp's weight fragments loaded once into registers, not from shared memory every step
         "resident_weights": (True, False),
-        # the hoisted input GEMM's fragments on tensor cores, as the step loop's knob (cuda.py)
+        # the hoisted input GEMM's fragments on tensor cores (WMMA), or the GEMM on wgmma (Hopper),
+        # as the step loop's knobs (cuda.py)
         "tc_hoisted_frags": (2, 4, 1),
+        "wgmma": (True, False),
     }
     build_options = {"cooperative": True}
 
@@ -188,12 +191,14 @@ class CudaPersistent(Recipe):
 
     def valid(self, program, target, knobs) -> bool:
         """It runs; tc_hoisted_frags stays at its first value where the hoisted GEMM is not on
-        tensor cores, stage_operand, poll_states and resident_weights where they change nothing (the
-        operand is not staged anyway, or cannot stream; no state is polled; no warp's weight fragments
-        fit in registers): each would only repeat a candidate."""
-        first = knobs["tc_hoisted_frags"] == self.knobs["tc_hoisted_frags"][0]
+        WMMA tensor cores, wgmma where there is none, stage_operand, poll_states and resident_weights
+        where they change nothing (the operand is not staged anyway, or cannot stream; no state is
+        polled; no warp's weight fragments fit in registers): each would only repeat a candidate."""
+        first = {n: knobs[n] == self.knobs[n][0] for n in ("tc_hoisted_frags", "wgmma")}
         hoisted = _prologue_knobs(program, target, knobs)
-        if not ((first or use_tensor_cores(hoisted, program, target)) and self.runs(program, target, knobs)):
+        wmma = use_tensor_cores(hoisted, program, target) and not hoisted_on_wgmma(hoisted, program, target)
+        if not ((first["tc_hoisted_frags"] or wmma) and (first["wgmma"] or wgmma_available(program.dtype, target))
+                and self.runs(program, target, knobs)):
             return False
         kernel = _Kernel.plan(program, target, knobs)
         if not (knobs["poll_states"] or _Kernel.plan(program, target, {**knobs, "poll_states": True}).polled):
@@ -282,8 +287,9 @@ def _step_loop_defaults(program, target) -> dict:
 
 
 def _prologue_knobs(program, target, knobs) -> dict:
-    """The step loop's defaults for the prologue, with this recipe's hoisted-GEMM fragments."""
-    return {**_step_loop_defaults(program, target), "tc_hoisted_frags": knobs["tc_hoisted_frags"]}
+    """The step loop's defaults for the prologue, with this recipe's hoisted-GEMM knobs."""
+    return {**_step_loop_defaults(program, target), "tc_hoisted_frags": knobs["tc_hoisted_frags"],
+            "wgmma": knobs["wgmma"]}
 
 
 def _widest(program) -> int:

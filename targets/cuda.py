@@ -51,9 +51,10 @@ class CudaTarget:
 
     @property
     def tvm_target(self) -> Target:
+        """TVM's target; sm_90 as sm_90a, the Hopper-only instruction set that has wgmma (schedules/wgmma.py)."""
         return Target(
-            {"kind": "cuda", "arch": self.arch, "max_threads_per_block": self.max_threads,
-             "max_shared_memory_per_block": self.shared_memory},
+            {"kind": "cuda", "arch": self.arch + ("a" if self.arch == "sm_90" else ""),
+             "max_threads_per_block": self.max_threads, "max_shared_memory_per_block": self.shared_memory},
             host="llvm",
         )
 

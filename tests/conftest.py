@@ -43,8 +43,8 @@ def gpu_available() -> bool:
         return False
 
 
-def assert_nvcc_compiles(source: str, folder, arch: str = "sm_90") -> None:
-    """nvcc compiles CUDA ``source`` for ``arch`` (a cubin in ``folder``)."""
+def assert_nvcc_compiles(source: str, folder, arch: str = "sm_90a") -> None:
+    """nvcc compiles CUDA ``source`` for ``arch`` (a cubin in ``folder``): an H100 as CudaTarget builds for it."""
     path = folder / "module.cu"
     path.write_text(source)
     nvcc = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-w", "-o", str(folder / "module.cubin"), str(path)],

@@ -17,7 +17,9 @@ import halstm
 from halstm import schedules
 from halstm.lowering import PackedLayout
 from halstm.schedules import CudaPersistent, CudaStepLoop
-from halstm.schedules.cuda import hoisted_tensor_core_tile, hoisted_tile, step_tensor_core_tile, step_tile
+from halstm.schedules.cuda import (hoisted_on_wgmma, hoisted_tensor_core_tile, hoisted_tile, step_tensor_core_tile,
+                                   step_tile)
+from halstm.schedules.cuda_persistent import _prologue_knobs
 from halstm.schedules.cuda_tensorcore import TensorCoreTile, tensorize_works
 from halstm.targets import CudaTarget
 
@@ -122,14 +124,17 @@ tensor_cores = pytest.mark.skipif(not tensorize_works(), reason="TVM's tensorize
 @pytest.mark.parametrize("shape", [(8, 16, 64, 64), (7, 17, 20, 40)], ids=("aligned", "ragged"))
 @pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
 def test_fp16_and_bf16_gemms_run_on_tensor_cores(dtype, shape, tmp_path):
-    """The hoisted and the step GEMM of an LSTM each compile to a wmma::mma_sync kernel, also at a
+    """The hoisted and the step GEMM of an LSTM each compile to a tensor-core kernel, also at a
     ragged shape (zero-padded to the tile), and nvcc compiles them (the step's state fetch once
-    came out as a make_uint4 of eight halves)."""
+    came out as a make_uint4 of eight halves). On an H100 the hoisted one is the wgmma kernel where
+    K is whole 64-element tiles (wgmma.py), else WMMA's; the step's WMMA's."""
     T, B, I, H = shape
     program = halstm.lower(halstm.LSTM(I, H), steps=T, batch=B, dtype=dtype)
     source = H100.build(CudaStepLoop().apply(program, H100).mod).mod.imports[0].inspect_source()
     kernels = source.split("__global__")[1:]
-    assert sum("wmma::mma_sync" in k for k in kernels) == 2, "the hoisted and the step GEMM"
+    wmma = sum("wmma::mma_sync" in k for k in kernels)
+    wgmma = sum("_mma_async_sync_aligned_m64n" in k for k in kernels)
+    assert (wmma, wgmma) == ((1, 1) if I % 64 == 0 else (2, 0)), "the hoisted and the step GEMM"
     assert_nvcc_compiles(source, tmp_path)
 
 
@@ -155,12 +160,13 @@ def test_tensor_cores_only_where_the_arch_has_them(dtype, wmma, tmp_path):
 @pytest.mark.parametrize("batch, hidden, step_gemms", [(16, 64, 2), (17, 40, 1)], ids=("whole", "ragged"))
 def test_computed_operand_gemm_on_tensor_cores_where_unpadded(batch, hidden, step_gemms):
     """ResetBeforeGRU's (r * h) @ W_hn GEMM runs on tensor cores where its operand needs no padding
-    (B=16, H=64: both step GEMMs and the hoisted one are mma_sync kernels), its r * h stored in fp16;
-    where it would (B=17, H=40) it stays on FFMA, the state's GEMM on tensor cores."""
+    (B=16, H=64: both step GEMMs are mma_sync kernels, the hoisted one wgmma's), its r * h stored in
+    fp16; where it would (B=17, H=40) it stays on FFMA, the state's GEMM on tensor cores."""
     program = halstm.lower(halstm.ResetBeforeGRU(hidden, hidden), steps=3, batch=batch, dtype="float16")
     sch = CudaStepLoop().apply(program, H100)
     source = H100.build(sch.mod).mod.imports[0].inspect_source()
-    assert sum("wmma::mma_sync" in k for k in source.split("__global__")[1:]) == 1 + step_gemms
+    kernels = source.split("__global__")[1:]
+    assert sum("wmma::mma_sync" in k or "_mma_async_sync_aligned_m64n" in k for k in kernels) == 1 + step_gemms
     if step_gemms == 2:
         assert 'gemm1_operand = T.sblock_alloc_buffer(({}, {}), "float16")'.format(batch, hidden) in sch.mod.script()
 
@@ -326,7 +332,7 @@ def test_tensor_core_tiles_fit_as_the_runtime_launches_them():
 
 
 def test_hoisted_gemm_has_its_own_fragments():
-    """tc_hoisted_frags sizes the hoisted GEMM's tile alone: at B=256, H=1024 4 x 4 fragments
+    """tc_hoisted_frags sizes the hoisted GEMM's WMMA tile alone (on wgmma it changes nothing): at B=256, H=1024 4 x 4 fragments
     make a 128 x 128 hoisted tile (valid: 74 KiB of dynamic shared memory in four stages) while the
     step GEMM keeps its 128 x 64 tile of 8 warps and its pipelined K tile (64, four stages); the
     step GEMM's warps (2 x 4: 64 x 128) leave the hoisted tile's 2 x 2 warps alone. It is the default
@@ -340,12 +346,13 @@ def test_hoisted_gemm_has_its_own_fragments():
     longer = halstm.lower(halstm.LSTM(1024, 1024), steps=3, batch=256, dtype="float16")
     assert recipe.defaults(longer, H100)["tc_hoisted_frags"] == 4
     assert CudaPersistent().defaults(longer, H100)["tc_hoisted_frags"] == 4
-    knobs = recipe.resolve(program, H100, {"tc_hoisted_frags": 4})
+    assert not recipe.valid(program, H100, recipe.resolve(program, H100, {"tc_hoisted_frags": 4}))  # on wgmma
+    knobs = recipe.resolve(program, H100, {"tc_hoisted_frags": 4, "wgmma": False})
     assert recipe.valid(program, H100, knobs)
     assert (hoisted_tensor_core_tile(knobs).bm, hoisted_tensor_core_tile(knobs).bn) == (128, 128)
     step = step_tensor_core_tile(knobs, 256, 4096, H100)
     assert (step.bm, step.bn, step.bk, step.stages, step.threads) == (128, 64, 64, 4, 256)
-    wide = recipe.resolve(program, H100, {"tc_hoisted_frags": 4, "tc_warps_m": 2, "tc_warps_n": 4})
+    wide = recipe.resolve(program, H100, {"tc_hoisted_frags": 4, "tc_warps_m": 2, "tc_warps_n": 4, "wgmma": False})
     assert (hoisted_tensor_core_tile(wide).bm, hoisted_tensor_core_tile(wide).bn) == (128, 128)
     assert (step_tensor_core_tile(wide, 256, 4096, H100).bn, hoisted_tensor_core_tile(wide).threads) == (128, 128)
     assert any(k["tc_hoisted_frags"] == 4 for k in recipe.space(program, H100))
@@ -382,7 +389,7 @@ def test_step_gemm_prefetches_the_next_k_tile(prefetch, tmp_path):
 # each shape and each setting; fp16 and bf16 alternate), defaults (narrowed, K tile from the
 # target, not prefetched) and explicit ones; ragged B and H included
 STEP_SETTINGS = [{}, {"tc_step_k": 64, "tc_prefetch": True}, {"tc_step_k": 16, "tc_prefetch": True, "tc_fill": False},
-                 {"tc_step_k": 32, "tc_prefetch": False, "tc_fill": False, "tc_hoisted_frags": 4}]
+                 {"tc_step_k": 32, "tc_prefetch": False, "tc_fill": False, "tc_hoisted_frags": 4, "wgmma": False}]
 STEP_SHAPES = [(64, 1024), (20, 48), (16, 512), (17, 40)]
 STEP_CASES = [(CELLS[(i + j) % 4], ("float16", "bfloat16")[(i + j) % 2], STEP_SHAPES[i], STEP_SETTINGS[j])
               for i in range(4) for j in range(4)]
@@ -483,10 +490,13 @@ def test_packing_kernels_group_the_gates_of_each_units_tile(cell, rng):
 
 
 def _check_packing_kernels(program, recipe, rng):
-    """Each GEMM's packing kernel run in Python writes its weights' transpose, columns where
-    ``program.layout`` stores them."""
+    """Each GEMM's packing kernel run in Python writes its weights' transpose through a shared tile,
+    columns where ``program.layout`` stores them; a hoisted GEMM on wgmma's packs them (N, K), a copy."""
     params = {n: rng.standard_normal(s) for n, s in program.cell.parameters().items()}
-    sch = next(r for r in schedules.BUILTIN if r.name == recipe).apply(program, H100)
+    recipe = next(r for r in schedules.BUILTIN if r.name == recipe)
+    sch = recipe.apply(program, H100)
+    wgmma = hoisted_on_wgmma(_prologue_knobs(program, H100, recipe.resolve(program, H100, {}))
+                             if recipe.name == "cuda-persistent" else recipe.resolve(program, H100, {}), program, H100)
     kernels = _device_kernels(sch.mod)
     weights = {m.weight for m in program.plan.matmuls}
     for g in program.plan.gemms:
@@ -495,12 +505,13 @@ def _check_packing_kernels(program, recipe, rng):
                           if {p.name[:-4] for p in f.params} & weights == set(members))
         packed = next(p.name for p in func.params if p.name[:-4] not in weights)
         assert len(func.params) == len(members) + 1, (name, func.params)
-        assert "T.alloc_shared(" in func.script(), f"{name} does not stage a shared tile"
+        k_major = wgmma and g.stage == 0
+        assert ("T.alloc_shared(" in func.script()) != k_major, f"{name}: a shared tile only to transpose"
         out = np.full(g.depth * g.rows, np.nan)
         _run_kernel(func, {**{f"{w}_ptr": params[w].ravel() for w in members}, packed: out})
         want = np.empty((g.depth, g.rows))
         want[:, [program.layout.column(n, g.rows) for n in range(g.rows)]] = np.concatenate([params[w] for w in members]).T
-        assert np.array_equal(out.reshape(g.depth, g.rows), want), name
+        assert np.array_equal(out.reshape(g.rows, g.depth).T if k_major else out.reshape(g.depth, g.rows), want), name
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
@@ -510,7 +521,8 @@ def test_packing_kernels_transpose_through_a_shared_tile(dtype, recipe, tmp_path
     """In the CUDA source, each kernel that packs an LSTM weight (reads weight_ih or weight_hh) holds
     a 32 x 33 shared tile that its threads fill, sync on, and copy out; one element a thread
     (bind_flat) read the weights strided by K (ncu, H100, fp16 H=1024: 32 us a weight)."""
-    f = halstm.compile(halstm.LSTM(64, 64), 3, 4, dtype, target=H100, recipe=recipe)
+    f = halstm.compile(halstm.LSTM(64, 64), 3, 4, dtype, target=H100, recipe=recipe,
+                       knobs={"wgmma": False})  # on wgmma the hoisted GEMM's weights are packed (N, K): a copy
     source = f.module.mod.imports[0].inspect_source()
     heads = [(k.split("{")[0], k) for k in source.split("__global__")[1:]]
     packing = [k for head, k in heads if ";" not in head and re.search(r"weight_(ih|hh)_ptr", head)]  # definitions
@@ -536,6 +548,7 @@ def test_pipelined_gemms_fetch_with_cp_async(dtype, knobs, tmp_path):
     groups; nvcc compiles them. A ragged shape (operands
     fetched an element at a time, which cp.async cannot) is not pipelined."""
     storage, tf32 = ("float32", True) if dtype == "tf32" else (dtype, False)
+    knobs = {**knobs, "wgmma": False}  # WMMA's pipeline (wgmma.py pipelines its own)
     f = halstm.compile(halstm.LSTM(256, 256), 3, 64, storage, target=H100, recipe="cuda-step-loop", knobs=knobs,
                        allow_tf32=tf32)
     source = f.module.mod.imports[0].inspect_source()
@@ -570,6 +583,7 @@ def test_shared_memory_model_matches_tvms_allocation(dtype, knobs):
     and the step GEMM."""
     program = halstm.lower(halstm.LSTM(1024, 1024), steps=3, batch=256, dtype=dtype, allow_tf32=dtype == "float32")
     recipe = CudaStepLoop()
+    knobs = {**knobs, "wgmma": False}  # WMMA's tiles
     k = recipe.resolve(program, H100, knobs)
     size = 4 if dtype == "float32" else 2
     tiles = (hoisted_tensor_core_tile(k).for_rows(3 * 256), step_tensor_core_tile(k, 256, 4096, H100))

@@ -146,13 +146,16 @@ def test_resident_weight_fragments_load_once_before_the_time_loop():
     assert "wf1" not in step and "T.tvm_load_matrix_sync(b_f" in step
 
 
-def test_hoisted_gemm_runs_on_tensor_cores():
+@pytest.mark.parametrize("wgmma", [True, False])
+def test_hoisted_gemm_runs_on_tensor_cores(wgmma):
     """The prologue's input GEMM over all T x B rows, as the step loop runs it: on tensor cores for
-    fp16 (H100, LSTM fp16 T=100 B=64 H=1024: its FFMA tile took 1.71 ms of the 2.65, ncu)."""
+    fp16 (H100, LSTM fp16 T=100 B=64 H=1024: its FFMA tile took 1.71 ms of the 2.65, ncu), wgmma's
+    or WMMA's (knob wgmma)."""
     program = _program(batch=3, hidden=64, dtype="float16")  # B=3: the step's GEMM stays FFMA
-    text = CudaPersistent().apply(program, H100).mod.script()
-    prologue = text[:text.index("for p_bx in")]
-    assert "T.tvm_mma_sync(" in prologue and "T.tvm_mma_sync(" not in text[text.index("for p_bx in"):]
+    text = CudaPersistent().apply(program, H100, wgmma=wgmma).mod.script()
+    prologue, kernel = text[:text.index("for p_bx in")], text[text.index("for p_bx in"):]
+    assert ("T.tvm_mma_sync(" in prologue) != wgmma and ("wgmma" in prologue) == wgmma
+    assert "T.tvm_mma_sync(" not in kernel and "wgmma" not in kernel
 
 
 def test_hoisted_gemm_fragments_are_a_knob():
@@ -162,7 +165,7 @@ def test_hoisted_gemm_fragments_are_a_knob():
     recipe = CudaPersistent()
     program = _program(batch=16, hidden=64, dtype="float16", steps=8)
     for frags, blocks in ((2, 8), (4, 2)):
-        knobs = recipe.resolve(program, H100, {"tc_hoisted_frags": frags})
+        knobs = recipe.resolve(program, H100, {"tc_hoisted_frags": frags, "wgmma": False})
         assert recipe.valid(program, H100, knobs)
         text = recipe.apply(program, H100, **knobs).mod.script()
         prologue = text[:text.index("for p_bx in")]
@@ -171,6 +174,9 @@ def test_hoisted_gemm_fragments_are_a_knob():
     fp32 = _program(batch=16, hidden=64)
     assert not recipe.valid(fp32, H100, recipe.resolve(fp32, H100, {"tc_hoisted_frags": 4}))
     assert all(k["tc_hoisted_frags"] == 2 for k in recipe.space(fp32, H100))
+    # on wgmma (the default on an H100) the fragments change nothing either
+    assert not recipe.valid(program, H100, recipe.resolve(program, H100, {"tc_hoisted_frags": 4}))
+    assert not recipe.valid(fp32, H100, recipe.resolve(fp32, H100, {"wgmma": False}))
 
 
 def test_tensor_cores_pruned_where_they_cannot_run():

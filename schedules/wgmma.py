@@ -1,0 +1,260 @@
+"""Hopper's warpgroup GEMM (wgmma, sm_90a): C[M, N] = A[M, K] @ W[K, N] in fp32 from fp16/bf16
+operands, one kernel that a schedule tensorizes a whole GEMM block with (``gemm_wgmma``):
+
+    W's buffer laid out (N, K) (transform_layout): K-major, as wgmma reads both operands
+    for block (bm = 64 x groups rows, bn columns; columns fastest)     blockIdx.x
+      for warpgroup (64 rows each, 128 threads)                         threadIdx.x
+        for kt in K / 64, stages K tiles in flight (cp.async):
+          A_s[bm, 64], W_s[bn, 64]                    "shared.dyn", rows of 128 bytes, 16-byte
+                                                      chunks XOR-swizzled by row (wgmma's 128B mode)
+          4 x wgmma.mma_async m64n{bn}k16 (A_s, W_s through matrix descriptors)
+          acc += ...                                  registers, bn / 2 floats a thread; the first
+                                                      K step overwrites it (scale-d 0)
+        C = acc                                       rows past M not stored
+
+WMMA (cuda_tensorcore.py) reaches the tensor cores through warp-level mma.sync, whose operands every
+warp first loads from shared memory into registers; wgmma reads both from shared memory itself, a
+warpgroup at a time, and runs asynchronously to the issuing threads. H100, the kernels alone
+(``benchmarks/gemm_tiles.py``, docs/gpu-runs/2026-11-25-run79-wgmma-gemm.md), us, fp16:
+
+    GEMM (M x N x K)        WMMA (recipe default)   wgmma (tile below)   cuBLAS
+    25600 x 4096 x 1024     697                     573                  307
+    6400 x 8192 x 2048      723                     501                  297
+    256 x 4096 x 1024       14.7                    10.5                 6.7
+    64 x 8192 x 2048        17.2                    11.1                 9.7
+
+bf16 the same for wgmma and cuBLAS; WMMA's bf16 took 988-1012 us on the large GEMMs. cuBLAS keeps a 2x
+lead on the large GEMMs: its kernels also load tiles by TMA, in thread-block clusters, with warps
+that only load (warp specialisation); TVM 0.27 offers those as raw PTX too, not done here.
+
+The kernel is written in TVMScript with TVM's ``T.ptx`` instructions (wgmma.mma_async, cp.async) and
+registered as a tensor intrinsic per shape and tile. It replaces the GEMM's update; the GEMM's
+zero-fill (``decompose_reduction``) becomes an intrinsic that emits nothing, since the update
+overwrites C at its first K step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm.s_tir import Schedule
+from tvm.s_tir._tensor_intrin import TensorIntrin
+from tvm.script import tirx as T
+
+from .cuda_tensorcore import BYTES, tensorize_works
+from .recipe import is_pure_copy
+
+BK = 64  # a K tile: one 128-byte swizzled row of fp16/bf16
+WARPGROUP = 128  # threads
+ROWS = 64  # a warpgroup's rows (wgmma's M)
+SWIZZLE_128B = 3  # T.cuda.wgmma.encode_matrix_descriptor's code for the 128-byte swizzle
+ARCH = 90  # wgmma exists on sm_90a only (Hopper; Blackwell has tcgen05 instead)
+_PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
+
+
+@dataclass(frozen=True)
+class WgmmaTile:
+    """A block of ``groups`` warpgroups (64 rows each) by ``bn`` columns, ``stages`` K tiles of 64 in
+    shared memory; with ``in_flight`` one wgmma group stays in flight while the next K tile is
+    fetched (then stages - 2 tiles are fetched ahead, else stages - 1)."""
+
+    groups: int
+    bn: int
+    stages: int
+    in_flight: bool
+
+    @property
+    def bm(self) -> int:
+        return ROWS * self.groups
+
+    @property
+    def threads(self) -> int:
+        return WARPGROUP * self.groups
+
+    @property
+    def ahead(self) -> int:
+        return self.stages - 2 if self.in_flight else self.stages - 1
+
+    def shared_bytes(self, size: int) -> int:
+        return self.stages * (self.bm + self.bn) * BK * size
+
+    def fits(self, cols: int, depth: int, dtype: str, target) -> bool:
+        return (cols % self.bn == 0 and depth % BK == 0 and self.bn <= 256 and self.ahead >= 1
+                and self.shared_bytes(BYTES[dtype]) <= target.shared_memory)
+
+    def blocks(self, rows: int, cols: int) -> int:
+        return -(-rows // self.bm) * (cols // self.bn)
+
+
+def wgmma_available(dtype: str, target) -> bool:
+    return (target.kind == "cuda" and dtype in _PTX_TYPE and target.compute_capability == ARCH
+            and tensorize_works())
+
+
+def wgmma_tile(rows: int, cols: int, target) -> WgmmaTile:
+    """The fastest tile measured for the shape's kind (run 79, H100). Where two warpgroups by 256
+    columns make four waves of blocks or more (the hoisted GEMM over all T*B rows): that tile, four
+    stages, one wgmma group in flight (573 us at 25600 x 4096 x 1024; 128 columns in five stages
+    577, without the group in flight 626-638). A step's few rows: one warpgroup, 128 columns in six
+    stages (10.5 us at 256 x 4096 x 1024, 128 blocks) or, where that leaves half the SMs idle, 64
+    columns in four (11.1 us at 64 x 8192 x 2048 against 11.7)."""
+    wide = WgmmaTile(2, 256, 4, True) if cols % 256 == 0 else WgmmaTile(2, 128, 5, True)
+    if cols % wide.bn == 0 and wide.blocks(rows, cols) >= 4 * target.sms:
+        return wide
+    step = WgmmaTile(1, 128, 6, True)
+    return step if cols % 128 == 0 and 2 * step.blocks(rows, cols) > target.sms else WgmmaTile(1, 64, 4, False)
+
+
+def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
+    """``block`` (C[b, n] += A[b, k] * W[k, n], fp32, loops b, n, k) as the wgmma kernel, its W
+    buffer laid out (N, K) (unless it is read W[n, k] already) and a copy feeding A inlined (A is read where the copy reads it). Returns
+    False, leaving the block alone, where the operands are not plain ``dtype`` buffers."""
+    a_buffer, w_buffer = (r.source for r in sch.get(block).reads[:2])
+    producers = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer)]
+    a_source = sch.get(producers[0]).reads[0].source if producers else a_buffer
+    if (w_buffer.dtype != dtype or a_source.dtype != dtype
+            or any(not is_pure_copy(sch, p) or len(sch.get_consumers(p)) > 1 for p in producers)):
+        return False
+    for producer in producers:
+        sch.compute_inline(producer)
+    rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-3:])
+    if sch.get(block).reads[1].region[0].min.same_as(sch.get(block).iter_vars[2].var):  # W[k, n]
+        sch.transform_layout(block, ("read", 1), lambda k, n: (n, k))
+        w_buffer = sch.get(block).reads[1].source  # a new buffer, (N, K)
+        for packing in sch.get_producers(block):  # the weights' packing, now a copy: k innermost
+            if sch.get(packing).writes[0].source.same_as(w_buffer) and len(sch.get_loops(packing)) == 2:
+                sch.reorder(*reversed(sch.get_loops(packing)))
+    init = sch.decompose_reduction(block, sch.get_loops(block)[-3])
+    sch.tensorize(sch.get_loops(init)[-2], _register_fill(rows, cols))
+    sch.tensorize(sch.get_loops(block)[-3], _register_gemm(rows, cols, depth, dtype, tile))
+    return True
+
+
+def _register_fill(rows: int, cols: int) -> str:
+    name = f"halstm_wgmma_fill_{rows}x{cols}"
+
+    @T.prim_func(s_tir=True)
+    def desc(c: T.handle):
+        C = T.match_buffer(c, (rows, cols), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:rows, 0:cols])
+            for i, j in T.grid(rows, cols):
+                with T.sblock("fill"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    C[vi, vj] = T.float32(0)
+
+    @T.prim_func(s_tir=True)
+    def impl(c: T.handle):
+        C = T.match_buffer(c, (rows, cols), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:rows, 0:cols])
+            T.evaluate(0)  # the GEMM's first K step overwrites C
+
+    TensorIntrin.register(name, desc, impl, override=True)
+    return name
+
+
+def _register_gemm(M: int, N: int, K: int, dtype: str, tile: WgmmaTile) -> str:
+    name = f"halstm_wgmma_{M}x{N}x{K}_{dtype}_{tile.groups}x{tile.bn}_{tile.stages}{'f' if tile.in_flight else ''}"
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, w: T.handle, c: T.handle):
+        A = T.match_buffer(a, (M, K), dtype, offset_factor=1)
+        W = T.match_buffer(w, (N, K), dtype, offset_factor=1)
+        C = T.match_buffer(c, (M, N), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:M, 0:N], A[0:M, 0:K], W[0:N, 0:K])
+            T.writes(C[0:M, 0:N])
+            for i, j, k in T.grid(M, N, K):
+                with T.sblock("gemm"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    C[vi, vj] = C[vi, vj] + T.Cast("float32", A[vi, vk]) * T.Cast("float32", W[vj, vk])
+
+    TensorIntrin.register(name, desc, _kernel(M, N, K, dtype, tile), override=True)
+    return name
+
+
+def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile):
+    """The kernel as the intrinsic's implementation (same buffers as its description)."""
+    bm, bn, stages, ahead, threads = tile.bm, tile.bn, tile.stages, tile.ahead, tile.threads
+    col_tiles = N // bn
+    a_tile = bm * BK
+    stage = (bm + bn) * BK  # elements of shared memory a stage: the A tile, then the W tile
+    acc_n = bn // 2
+    ptx = _PTX_TYPE[dtype]
+    mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ptx}.{ptx}"
+    size = BYTES[dtype]
+
+    @T.macro
+    def fetch(smem, A, W, tx, m0, n0, slot, kt):
+        # 16-byte chunks, 8 to a 128-byte row: chunk c of row r at chunk c ^ (r % 8) (the swizzle);
+        # rows past M are zero-filled (source size 0) from a clamped, valid address
+        for i in T.unroll(a_tile // 8 // threads):
+            c = T.meta_var(tx + i * threads)
+            r = T.meta_var(c // 8)
+            T.ptx["cp.async.cg.shared.global"](
+                T.address_of(smem[slot * stage + r * BK + T.bitwise_xor(c % 8, r % 8) * 8]),
+                T.address_of(A[T.min(m0 + r, M - 1), kt * BK + c % 8 * 8]), 16,
+                T.if_then_else(m0 + r < M, T.uint32(16), T.uint32(0)))
+        for i in T.unroll(bn * BK // 8 // threads):
+            c = T.meta_var(tx + i * threads)
+            r = T.meta_var(c // 8)
+            T.ptx["cp.async.cg.shared.global"](
+                T.address_of(smem[slot * stage + a_tile + r * BK + T.bitwise_xor(c % 8, r % 8) * 8]),
+                T.address_of(W[n0 + r, kt * BK + c % 8 * 8]), 16, T.uint32(16))
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, w: T.handle, c: T.handle):
+        A = T.match_buffer(a, (M, K), dtype, offset_factor=1)
+        W = T.match_buffer(w, (N, K), dtype, offset_factor=1)
+        C = T.match_buffer(c, (M, N), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:M, 0:N], A[0:M, 0:K], W[0:N, 0:K])
+            T.writes(C[0:M, 0:N])
+            bx = T.launch_thread("blockIdx.x", -(-M // bm) * col_tiles)
+            tx = T.launch_thread("threadIdx.x", threads)
+            smem = T.alloc_buffer((stages * stage,), dtype, scope="shared.dyn")
+            acc = T.alloc_buffer((acc_n,), "float32", scope="local")
+            a_desc = T.alloc_buffer((1,), "uint64", scope="local")
+            w_desc = T.alloc_buffer((1,), "uint64", scope="local")
+            m0 = T.meta_var(bx // col_tiles * bm)
+            n0 = T.meta_var(bx % col_tiles * bn)
+            group = T.meta_var(tx // WARPGROUP)
+            for s in T.unroll(ahead):
+                fetch(smem, A, W, tx, m0, n0, s, s)
+                T.ptx["cp.async.commit_group"]()
+            for i in T.unroll(acc_n):
+                acc[i] = T.float32(0)
+            # K-major, 128-byte swizzle: 8-row groups 1024 bytes apart (16-byte units: 64)
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(a_desc[0]), T.address_of(smem[group * ROWS * BK]),
+                                                  1, 64, SWIZZLE_128B)
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(w_desc[0]), T.address_of(smem[a_tile]),
+                                                  1, 64, SWIZZLE_128B)
+            for kt in range(K // BK):
+                T.ptx["cp.async.wait_group"](ahead - 1)
+                T.ptx.fence.proxy.async_.shared__cta()  # the copies' writes, seen by wgmma's reads
+                T.tvm_storage_sync("shared")
+                if kt + ahead < K // BK:
+                    fetch(smem, A, W, tx, m0, n0, (kt + ahead) % stages, kt + ahead)
+                T.ptx["cp.async.commit_group"]()
+                T.ptx.wgmma.fence.sync.aligned()
+                for kk in T.unroll(BK // 16):
+                    # the descriptors' start address (16-byte units) moved to the stage and k16 step
+                    T.ptx[mma](*[acc[i] for i in range(acc_n)],
+                               a_desc[0] + T.Cast("uint64", (kt % stages * stage * size + kk * 32) // 16),
+                               w_desc[0] + T.Cast("uint64", (kt % stages * stage * size + kk * 32) // 16),
+                               T.ptx.pred(T.Or(kt > 0, kk > 0)), 1, 1, 0, 0)
+                T.ptx.wgmma.commit_group.sync.aligned()
+                T.ptx.wgmma.wait_group.sync.aligned(1 if tile.in_flight else 0)
+            T.ptx.wgmma.wait_group.sync.aligned(0)
+            # the accumulator fragment: warp w of the group, lane l, register i
+            warp = T.meta_var(tx % WARPGROUP // 32)
+            lane = T.meta_var(tx % 32)
+            for i in T.unroll(acc_n):
+                row = T.meta_var(m0 + group * ROWS + warp * 16 + lane // 4 + i // 2 % 2 * 8)
+                if row < M:
+                    C[row, n0 + i // 4 * 8 + lane % 4 * 2 + i % 2] = acc[i]
+
+    return impl
