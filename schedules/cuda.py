@@ -97,9 +97,10 @@ class CudaStepLoop(Recipe):
         # ResetBeforeGRU B=256 3.14 / 3.29, B=64 2.54 / 2.58 (an earlier run without the unrolled
         # epilogue had it 2.64 / 2.55); GRU does not fuse (3 gates, no whole units in a tile)
         "tc_epilogue": (True, False),
-        # the hoisted fp16/bf16 GEMM on Hopper's wgmma (wgmma.py) rather than WMMA: 18-31 % faster
-        # alone (run 79). (The step's would need its packed weights laid out (N, K), which
-        # transform_layout refuses for a buffer of the whole function.)
+        # fp16/bf16 GEMMs on Hopper's wgmma (wgmma.py) rather than WMMA: alone 18-31 % faster
+        # hoisted, 29-35 % at a step's rows (run 79); the step's elementwise math then runs in a
+        # kernel of its own (tc_epilogue applies to WMMA: epilogue_units). H100 fp16 T=100 (run
+        # 83), prepared ms, wgmma / WMMA: GRU (100,256,1024) 2.078 / 2.964 (cuDNN 2.255)
         "wgmma": (True, False),
     }
     _FFMA_STEP = ("block_rows", "block_cols", "thread_rows", "thread_cols", "k_chunk")
@@ -120,6 +121,8 @@ class CudaStepLoop(Recipe):
         k = super().defaults(program, target)
         if target is not None and use_tensor_cores(k, program, target):
             k.update(_pipelined(k, program, target))
+            if hoisted_on_wgmma(k, program, target):  # its WMMA fragments change nothing
+                k["tc_hoisted_frags"] = self.knobs["tc_hoisted_frags"][0]
         if target is not None and use_tensor_cores(k, program, target, program.batch):
             # the FFMA step knobs stay at their first value, as valid() wants of unused knobs
             return {**k, **self._step_tensor_core_defaults(program, target, k)}
@@ -382,10 +385,14 @@ def _step_tiles_fit(knobs: dict, program, target, size: int) -> bool:
 
 def epilogue_units(knobs: dict, program, target) -> int | None:
     """The units a column tile of the first step GEMM holds when its epilogue fuses (tc_epilogue):
-    on tensor cores, M, N, K whole tiles, N a whole number G of gates of width H, and the tile's
-    columns G x units with units dividing H; None otherwise."""
+    on WMMA tensor cores, M, N, K whole tiles, N a whole number G of gates of width H, and the tile's
+    columns G x units with units dividing H; None otherwise. Not on wgmma (``step_on_wgmma``): H100
+    fp16 T=100 (run 83), prepared ms, wgmma and a separate elementwise kernel / WMMA with the math
+    fused / all WMMA: LSTM (100,256,1024) 2.394 / 2.565 / 3.258, (100,64,2048) 2.397 / 2.711 / 3.545
+    (cuDNN 2.174, 2.367 in those processes)."""
     gemm = next(iter(program.plan.step_gemms), None)
-    if gemm is None or not (knobs["tc_epilogue"] and use_tensor_cores(knobs, program, target, program.batch)):
+    if (gemm is None or step_on_wgmma(knobs, program, target)
+            or not (knobs["tc_epilogue"] and use_tensor_cores(knobs, program, target, program.batch))):
         return None
     return _tile_units(step_tensor_core_tile(knobs, program.batch, gemm.rows, target), gemm, program)
 
@@ -451,6 +458,16 @@ def hoisted_on_wgmma(knobs: dict, program, target) -> bool:
     return all(wgmma_tile(rows, g.rows, target).fits(g.rows, g.depth, program.dtype, target) for g in program.plan.hoisted)
 
 
+def step_on_wgmma(knobs: dict, program, target) -> bool:
+    """Whether the step GEMMs run on wgmma, as ``hoisted_on_wgmma`` at B rows (a computed operand,
+    ResetBeforeGRU's r * h, keeps its GEMM on WMMA all the same)."""
+    if not (knobs["wgmma"] and use_tensor_cores(knobs, program, target, program.batch)
+            and wgmma_available(program.dtype, target)):
+        return False
+    return all(wgmma_tile(program.batch, g.rows, target).fits(g.rows, g.depth, program.dtype, target)
+               for g in program.plan.step_gemms)
+
+
 def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None) -> bool:
     """Whether a GEMM runs on tensor cores: the knob on, the target's tensor cores able to take the
     dtype (tensor_cores_available), and for the step GEMM (``step_rows`` given) at least
@@ -464,7 +481,7 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     ``use_tensor_cores`` allows and the tile can fetch its operand, else the FFMA tile."""
     rows = program.batch if step else program.steps * program.batch
     if use_tensor_cores(knobs, program, target, rows if step else None):
-        if not step and knobs["wgmma"] and wgmma_available(program.dtype, target):
+        if knobs["wgmma"] and wgmma_available(program.dtype, target):
             cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-2:])
             tile = wgmma_tile(rows, cols, target)
             if tile.fits(cols, depth, program.dtype, target) and gemm_wgmma(sch, block, tile, program.dtype):

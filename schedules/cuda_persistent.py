@@ -67,7 +67,7 @@ from tvm.s_tir import Schedule
 from halstm.lowering import indent, skeleton
 
 from .cuda import (BYTES, CudaStepLoop, bind_flat, epilogue_units, hoisted_on_wgmma, hoisted_tensor_core_tile,
-                   schedule_gemm, schedule_transpose, use_tensor_cores)
+                   schedule_gemm, schedule_transpose, step_on_wgmma, use_tensor_cores)
 from .cuda_tensorcore import tensor_cores_available
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 from .wgmma import wgmma_available
@@ -179,12 +179,14 @@ class CudaPersistent(Recipe):
         step loop: fp16 GRU (100,64,2048) 14.4 / 2.8 (the tensor-core tile did not fit beside the weights); TF32
         (not in this recipe) at (100,64,1024) LSTM 5.09 / 3.31, GRU 4.87 / 3.34, PeepholeLSTM 5.21 /
         3.33; with two stages, ResetBeforeGRU there, 4.08 / 5.63 (the step loop launches twice the
-        kernels a step); strict fp32 there (FFMA in both) LSTM 6.27 / 6.65."""
+        kernels a step); strict fp32 there (FFMA in both) LSTM 6.27 / 6.65. Nor where the step loop's
+        step GEMM runs on wgmma (Hopper, run 83: GRU (100,256,1024) 2.078 ms against this recipe's
+        2.294-2.300 of the fifteenth run)."""
         k, step_loop = self.defaults(program, target), _step_loop_defaults(program, target)
         if _Kernel.plan(program, target, k).staged:
             return program.batch <= PREFERRED_MAX_BATCH
-        if k["tensor_cores"]:  # streamed: first unless the step loop runs a step as one kernel
-            return epilogue_units(step_loop, program, target) is None
+        if k["tensor_cores"]:  # streamed: first unless the step loop runs a step as one kernel or on wgmma
+            return epilogue_units(step_loop, program, target) is None and not step_on_wgmma(step_loop, program, target)
         step_loop_on_tensor_cores = use_tensor_cores(step_loop, program, target, program.batch)
         return program.batch <= PREFERRED_MAX_BATCH and not (step_loop_on_tensor_cores
                                                              and len(program.plan.stages) == 1)

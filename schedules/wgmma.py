@@ -1,12 +1,14 @@
 """Hopper's warpgroup GEMM (wgmma, sm_90a): C[M, N] = A[M, K] @ W[K, N] in fp32 from fp16/bf16
 operands, one kernel that a schedule tensorizes a whole GEMM block with (``gemm_wgmma``):
 
-    W's buffer laid out (N, K) (transform_layout): K-major, as wgmma reads both operands
+    W's buffer laid out (N, K) where it is packed in the GEMM's scope (transform_layout)
     for block (bm = 64 x groups rows, bn columns; columns fastest)     blockIdx.x
       for warpgroup (64 rows each, 128 threads)                         threadIdx.x
         for kt in K / 64, stages K tiles in flight (cp.async):
           A_s[bm, 64], W_s[bn, 64]                    "shared.dyn", rows of 128 bytes, 16-byte
-                                                      chunks XOR-swizzled by row (wgmma's 128B mode)
+                                                      chunks XOR-swizzled by row (wgmma's 128B mode);
+                                                      W given (K, N): W_s[64, bn] in atoms of 8 K rows
+                                                      by 64 columns (wgmma's MN-major operand)
           4 x wgmma.mma_async m64n{bn}k16 (A_s, W_s through matrix descriptors)
           acc += ...                                  registers, bn / 2 floats a thread; the first
                                                       K step overwrites it (scale-d 0)
@@ -17,7 +19,7 @@ warp first loads from shared memory into registers; wgmma reads both from shared
 warpgroup at a time, and runs asynchronously to the issuing threads. H100, the kernels alone
 (``benchmarks/gemm_tiles.py``, docs/gpu-runs/2026-11-25-run79-wgmma-gemm.md), us, fp16:
 
-    GEMM (M x N x K)        WMMA (recipe default)   wgmma (tile below)   cuBLAS
+    GEMM (M x N x K)        WMMA (recipe default)   wgmma (wgmma_tile)   cuBLAS
     25600 x 4096 x 1024     697                     573                  307
     6400 x 8192 x 2048      723                     501                  297
     256 x 4096 x 1024       14.7                    10.5                 6.7
@@ -106,9 +108,12 @@ def wgmma_tile(rows: int, cols: int, target) -> WgmmaTile:
 
 
 def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
-    """``block`` (C[b, n] += A[b, k] * W[k, n], fp32, loops b, n, k) as the wgmma kernel, its W
-    buffer laid out (N, K) (unless it is read W[n, k] already) and a copy feeding A inlined (A is read where the copy reads it). Returns
-    False, leaving the block alone, where the operands are not plain ``dtype`` buffers."""
+    """``block`` (C[b, n] += A[b, k] * W[k, n], fp32, loops b, n, k) as the wgmma kernel, a copy
+    feeding A inlined (A is read where the copy reads it). W packed in this scope is laid out (N, K)
+    (transform_layout; its packing becomes a copy): wgmma's K-major operand, the layout measured in
+    run 79. Weights packed elsewhere (the step's, packed by the prologue: transform_layout refuses a
+    buffer of the whole function) are read (K, N), wgmma's MN-major operand. Returns False, leaving
+    the block alone, where the operands are not plain ``dtype`` buffers."""
     a_buffer, w_buffer = (r.source for r in sch.get(block).reads[:2])
     producers = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer)]
     a_source = sch.get(producers[0]).reads[0].source if producers else a_buffer
@@ -118,15 +123,17 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
     for producer in producers:
         sch.compute_inline(producer)
     rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-3:])
-    if sch.get(block).reads[1].region[0].min.same_as(sch.get(block).iter_vars[2].var):  # W[k, n]
+    k_by_n = sch.get(block).reads[1].region[0].min.same_as(sch.get(block).iter_vars[2].var)  # W[k, n]
+    packings = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(w_buffer)]
+    if k_by_n and packings:
         sch.transform_layout(block, ("read", 1), lambda k, n: (n, k))
-        w_buffer = sch.get(block).reads[1].source  # a new buffer, (N, K)
-        for packing in sch.get_producers(block):  # the weights' packing, now a copy: k innermost
-            if sch.get(packing).writes[0].source.same_as(w_buffer) and len(sch.get_loops(packing)) == 2:
+        for packing in packings:  # now a copy: k innermost
+            if len(sch.get_loops(packing)) == 2:
                 sch.reorder(*reversed(sch.get_loops(packing)))
+        k_by_n = False
     init = sch.decompose_reduction(block, sch.get_loops(block)[-3])
     sch.tensorize(sch.get_loops(init)[-2], _register_fill(rows, cols))
-    sch.tensorize(sch.get_loops(block)[-3], _register_gemm(rows, cols, depth, dtype, tile))
+    sch.tensorize(sch.get_loops(block)[-3], _register_gemm(rows, cols, depth, dtype, tile, k_by_n))
     return True
 
 
@@ -156,29 +163,39 @@ def _register_fill(rows: int, cols: int) -> str:
     return name
 
 
-def _register_gemm(M: int, N: int, K: int, dtype: str, tile: WgmmaTile) -> str:
-    name = f"halstm_wgmma_{M}x{N}x{K}_{dtype}_{tile.groups}x{tile.bn}_{tile.stages}{'f' if tile.in_flight else ''}"
+def _register_gemm(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool) -> str:
+    name = (f"halstm_wgmma_{M}x{N}x{K}_{dtype}_{tile.groups}x{tile.bn}_{tile.stages}{'f' if tile.in_flight else ''}"
+            f"{'_kn' if k_by_n else ''}")
+    w_shape = (K, N) if k_by_n else (N, K)
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, w: T.handle, c: T.handle):
         A = T.match_buffer(a, (M, K), dtype, offset_factor=1)
-        W = T.match_buffer(w, (N, K), dtype, offset_factor=1)
+        W = T.match_buffer(w, w_shape, dtype, offset_factor=1)
         C = T.match_buffer(c, (M, N), "float32", offset_factor=1)
         with T.sblock("root"):
-            T.reads(C[0:M, 0:N], A[0:M, 0:K], W[0:N, 0:K])
+            T.reads(C[0:M, 0:N], A[0:M, 0:K], W[0:w_shape[0], 0:w_shape[1]])
             T.writes(C[0:M, 0:N])
             for i, j, k in T.grid(M, N, K):
                 with T.sblock("gemm"):
                     vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    C[vi, vj] = C[vi, vj] + T.Cast("float32", A[vi, vk]) * T.Cast("float32", W[vj, vk])
+                    C[vi, vj] = C[vi, vj] + T.Cast("float32", A[vi, vk]) * T.Cast(
+                        "float32", W[vk, vj] if k_by_n else W[vj, vk])
 
-    TensorIntrin.register(name, desc, _kernel(M, N, K, dtype, tile), override=True)
+    TensorIntrin.register(name, desc, _kernel(M, N, K, dtype, tile, k_by_n), override=True)
     return name
 
 
-def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile):
-    """The kernel as the intrinsic's implementation (same buffers as its description)."""
+def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool):
+    """The kernel as the intrinsic's implementation (same buffers as its description). W (N, K) is
+    staged K-major: a W tile is bn rows of 128 bytes, as A's. W (K, N) is staged MN-major: 8 K rows
+    of 64 columns (1024 bytes, swizzled as A's rows) an atom, the atoms of a K group side by side
+    along N, the K groups after one another; its descriptor's leading offset is the atoms' distance
+    along N, its stride offset the K groups' (run 82: the other order computed garbage)."""
     bm, bn, stages, ahead, threads = tile.bm, tile.bn, tile.stages, tile.ahead, tile.threads
+    atoms = bn // 64  # MN-major W: atoms along N
+    w_ldo, w_sdo = 1024 // 16, atoms * 1024 // 16  # 16-byte units
+    k16_bytes = 2 * atoms * 1024 if k_by_n else 32  # a k16 step through the W tile
     col_tiles = N // bn
     a_tile = bm * BK
     stage = (bm + bn) * BK  # elements of shared memory a stage: the A tile, then the W tile
@@ -186,6 +203,7 @@ def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile):
     ptx = _PTX_TYPE[dtype]
     mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ptx}.{ptx}"
     size = BYTES[dtype]
+    w_shape = (K, N) if k_by_n else (N, K)
 
     @T.macro
     def fetch(smem, A, W, tx, m0, n0, slot, kt):
@@ -200,18 +218,26 @@ def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile):
                 T.if_then_else(m0 + r < M, T.uint32(16), T.uint32(0)))
         for i in T.unroll(bn * BK // 8 // threads):
             c = T.meta_var(tx + i * threads)
-            r = T.meta_var(c // 8)
-            T.ptx["cp.async.cg.shared.global"](
-                T.address_of(smem[slot * stage + a_tile + r * BK + T.bitwise_xor(c % 8, r % 8) * 8]),
-                T.address_of(W[n0 + r, kt * BK + c % 8 * 8]), 16, T.uint32(16))
+            if k_by_n:  # chunk c: K row c // (bn / 8), its 16 bytes c % (bn / 8) along N
+                k = T.meta_var(c // (bn // 8))
+                n = T.meta_var(c % (bn // 8))
+                T.ptx["cp.async.cg.shared.global"](
+                    T.address_of(smem[slot * stage + a_tile + ((k // 8 * atoms + n // 8) * 8 + k % 8) * 64
+                                      + T.bitwise_xor(n % 8, k % 8) * 8]),
+                    T.address_of(W[kt * BK + k, n0 + n * 8]), 16, T.uint32(16))
+            else:
+                r = T.meta_var(c // 8)
+                T.ptx["cp.async.cg.shared.global"](
+                    T.address_of(smem[slot * stage + a_tile + r * BK + T.bitwise_xor(c % 8, r % 8) * 8]),
+                    T.address_of(W[n0 + r, kt * BK + c % 8 * 8]), 16, T.uint32(16))
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, w: T.handle, c: T.handle):
         A = T.match_buffer(a, (M, K), dtype, offset_factor=1)
-        W = T.match_buffer(w, (N, K), dtype, offset_factor=1)
+        W = T.match_buffer(w, w_shape, dtype, offset_factor=1)
         C = T.match_buffer(c, (M, N), "float32", offset_factor=1)
         with T.sblock("root"):
-            T.reads(C[0:M, 0:N], A[0:M, 0:K], W[0:N, 0:K])
+            T.reads(C[0:M, 0:N], A[0:M, 0:K], W[0:w_shape[0], 0:w_shape[1]])
             T.writes(C[0:M, 0:N])
             bx = T.launch_thread("blockIdx.x", -(-M // bm) * col_tiles)
             tx = T.launch_thread("threadIdx.x", threads)
@@ -231,7 +257,7 @@ def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile):
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(a_desc[0]), T.address_of(smem[group * ROWS * BK]),
                                                   1, 64, SWIZZLE_128B)
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(w_desc[0]), T.address_of(smem[a_tile]),
-                                                  1, 64, SWIZZLE_128B)
+                                                  w_ldo if k_by_n else 1, w_sdo if k_by_n else 64, SWIZZLE_128B)
             for kt in range(K // BK):
                 T.ptx["cp.async.wait_group"](ahead - 1)
                 T.ptx.fence.proxy.async_.shared__cta()  # the copies' writes, seen by wgmma's reads
@@ -244,8 +270,8 @@ def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile):
                     # the descriptors' start address (16-byte units) moved to the stage and k16 step
                     T.ptx[mma](*[acc[i] for i in range(acc_n)],
                                a_desc[0] + T.Cast("uint64", (kt % stages * stage * size + kk * 32) // 16),
-                               w_desc[0] + T.Cast("uint64", (kt % stages * stage * size + kk * 32) // 16),
-                               T.ptx.pred(T.Or(kt > 0, kk > 0)), 1, 1, 0, 0)
+                               w_desc[0] + T.Cast("uint64", (kt % stages * stage * size + kk * k16_bytes) // 16),
+                               T.ptx.pred(T.Or(kt > 0, kk > 0)), 1, 1, 0, 1 if k_by_n else 0)
                 T.ptx.wgmma.commit_group.sync.aligned()
                 T.ptx.wgmma.wait_group.sync.aligned(1 if tile.in_flight else 0)
             T.ptx.wgmma.wait_group.sync.aligned(0)

@@ -31,6 +31,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 RECIPES = [r.name for r in schedules.BUILTIN if r.name.startswith("cuda")]
 T_, B_, I_, H_ = 3, 2, 20, 24
 H100 = CudaTarget("sm_90", sms=132)
+WMMA = {"wgmma": False}  # the tests of WMMA's GEMMs (on an H100 fp16/bf16 GEMMs default to wgmma: test_wgmma.py)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
@@ -126,15 +127,15 @@ tensor_cores = pytest.mark.skipif(not tensorize_works(), reason="TVM's tensorize
 def test_fp16_and_bf16_gemms_run_on_tensor_cores(dtype, shape, tmp_path):
     """The hoisted and the step GEMM of an LSTM each compile to a tensor-core kernel, also at a
     ragged shape (zero-padded to the tile), and nvcc compiles them (the step's state fetch once
-    came out as a make_uint4 of eight halves). On an H100 the hoisted one is the wgmma kernel where
-    K is whole 64-element tiles (wgmma.py), else WMMA's; the step's WMMA's."""
+    came out as a make_uint4 of eight halves). On an H100 both are wgmma kernels where K and N are
+    whole 64-element tiles (wgmma.py), else WMMA's."""
     T, B, I, H = shape
     program = halstm.lower(halstm.LSTM(I, H), steps=T, batch=B, dtype=dtype)
     source = H100.build(CudaStepLoop().apply(program, H100).mod).mod.imports[0].inspect_source()
     kernels = source.split("__global__")[1:]
     wmma = sum("wmma::mma_sync" in k for k in kernels)
     wgmma = sum("_mma_async_sync_aligned_m64n" in k for k in kernels)
-    assert (wmma, wgmma) == ((1, 1) if I % 64 == 0 else (2, 0)), "the hoisted and the step GEMM"
+    assert (wmma, wgmma) == ((0, 2) if I % 64 == 0 else (2, 0)), "the hoisted and the step GEMM"
     assert_nvcc_compiles(source, tmp_path)
 
 
@@ -181,7 +182,7 @@ def test_step_gemm_ir_on_tensor_cores():
     assert "gemm0_operand[v_b, v_k] = h_t[v_b, v_k]" in before
     assert ('gemm0[v_b, v_n] = gemm0[v_b, v_n] + T.Cast("float32", gemm0_operand[v_b, v_k]) '
             '* T.Cast("float32", w_packed1[v_k, v_n])') in before
-    step = CudaStepLoop().apply(program, H100).mod.script()
+    step = CudaStepLoop().apply(program, H100, **WMMA).mod.script()
     step = step[step.index('T.sblock("step")'):]
     assert 'gemm0_operand_shared_dyn = T.sblock_alloc_buffer((16, 64), "float16", scope="shared.dyn")' in step
     assert "gemm0_operand_shared_dyn[v0, v1] = h_t[v0, v1]" in step
@@ -202,7 +203,7 @@ def test_step_epilogue_runs_in_the_tensor_core_gemms_kernel(cell, fused, kernels
     after the second) does not. Off, every cell keeps one kernel more."""
     def step_kernels(epilogue):
         f = halstm.compile(cell(64, 64), 3, 16, "float16", target=H100, recipe="cuda-step-loop",
-                           knobs={"tc_epilogue": epilogue})
+                           knobs={"tc_epilogue": epilogue, **WMMA})
         text = f.schedule.mod.script()
         step = text[text.index('T.sblock("step")'):]
         return f, step.count('thread="blockIdx.x"'), "gemm0 = T.sblock_alloc_buffer" in step
@@ -342,10 +343,12 @@ def test_hoisted_gemm_has_its_own_fragments():
     program = halstm.lower(halstm.LSTM(1024, 1024), steps=2, batch=256, dtype="float16")
     if not tensorize_works():
         pytest.skip("no tensor cores here")
-    assert recipe.defaults(program, H100)["tc_hoisted_frags"] == 2
+    ampere = CudaTarget("sm_80", sms=132)  # WMMA's hoisted GEMM (on an H100 it runs on wgmma)
+    assert recipe.defaults(program, ampere)["tc_hoisted_frags"] == 2
     longer = halstm.lower(halstm.LSTM(1024, 1024), steps=3, batch=256, dtype="float16")
-    assert recipe.defaults(longer, H100)["tc_hoisted_frags"] == 4
-    assert CudaPersistent().defaults(longer, H100)["tc_hoisted_frags"] == 4
+    assert recipe.defaults(longer, ampere)["tc_hoisted_frags"] == 4
+    assert CudaPersistent().defaults(longer, ampere)["tc_hoisted_frags"] == 4
+    assert recipe.defaults(longer, H100)["tc_hoisted_frags"] == 2  # moot on wgmma: its first value
     assert not recipe.valid(program, H100, recipe.resolve(program, H100, {"tc_hoisted_frags": 4}))  # on wgmma
     knobs = recipe.resolve(program, H100, {"tc_hoisted_frags": 4, "wgmma": False})
     assert recipe.valid(program, H100, knobs)
@@ -374,7 +377,7 @@ def test_step_gemm_prefetches_the_next_k_tile(prefetch, tmp_path):
     pipeline pass needs no second buffer, the stores follow the reads); without
     it, the loop runs K / bk times and nothing is staged in registers."""
     program = halstm.lower(halstm.LSTM(1024, 1024), steps=3, batch=64, dtype="float16")
-    knobs = {"tc_step_k": 128, "tc_prefetch": prefetch, "tc_fill": True, "tc_stages": 1}
+    knobs = {"tc_step_k": 128, "tc_prefetch": prefetch, "tc_fill": True, "tc_stages": 1, **WMMA}
     mod = CudaStepLoop().apply(program, H100, **knobs).mod
     source = H100.build(mod).mod.imports[0].inspect_source()
     kernel = _step_gemm_kernel(source)
@@ -389,7 +392,7 @@ def test_step_gemm_prefetches_the_next_k_tile(prefetch, tmp_path):
 # each shape and each setting; fp16 and bf16 alternate), defaults (narrowed, K tile from the
 # target, not prefetched) and explicit ones; ragged B and H included
 STEP_SETTINGS = [{}, {"tc_step_k": 64, "tc_prefetch": True}, {"tc_step_k": 16, "tc_prefetch": True, "tc_fill": False},
-                 {"tc_step_k": 32, "tc_prefetch": False, "tc_fill": False, "tc_hoisted_frags": 4, "wgmma": False}]
+                 {"tc_step_k": 32, "tc_prefetch": False, "tc_fill": False, "tc_hoisted_frags": 4}]
 STEP_SHAPES = [(64, 1024), (20, 48), (16, 512), (17, 40)]
 STEP_CASES = [(CELLS[(i + j) % 4], ("float16", "bfloat16")[(i + j) % 2], STEP_SHAPES[i], STEP_SETTINGS[j])
               for i in range(4) for j in range(4)]
@@ -401,8 +404,9 @@ STEP_CASES = [(CELLS[(i + j) % 4], ("float16", "bfloat16")[(i + j) % 2], STEP_SH
                          ids=[f"{c.__name__}-{d}-B{s[0]}H{s[1]}-{i % 4}" for i, (c, d, s, _) in enumerate(STEP_CASES)])
 def test_step_gemm_settings_compile(cell, dtype, shape, knobs, tmp_path):
     """Each step-GEMM setting the recipe accepts generates CUDA that nvcc compiles, with the step
-    GEMM on tensor cores."""
+    GEMM on WMMA tensor cores."""
     B, H = shape
+    knobs = {**knobs, **WMMA}
     program = halstm.lower(cell(H, H), steps=3, batch=B, dtype=dtype)
     recipe = CudaStepLoop()
     assert recipe.valid(program, H100, recipe.resolve(program, H100, knobs))

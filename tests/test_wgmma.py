@@ -11,7 +11,9 @@ from tvm.s_tir import Schedule
 
 import halstm
 from conftest import assert_nvcc_compiles, gpu_available
-from halstm.schedules import CudaStepLoop
+from halstm.schedules import CudaPersistent, CudaStepLoop
+from halstm.schedules.cuda import hoisted_on_wgmma
+from halstm.schedules.cuda_persistent import _prologue_knobs
 from halstm.schedules.cuda_tensorcore import tensorize_works
 from halstm.schedules.wgmma import WgmmaTile, gemm_wgmma, wgmma_available, wgmma_tile
 from halstm.targets import CudaTarget
@@ -20,11 +22,15 @@ H100 = CudaTarget("sm_90", sms=132)
 needs_tensorize = pytest.mark.skipif(not tensorize_works(), reason="Schedule.tensorize crashes with this apache-tvm-ffi")
 
 
-def gemm(m: int, n: int, k: int, dtype: str) -> Schedule:
-    """C = A @ W with W packed (K, N) from stacked weights (N, K), as the hoisted GEMM reads them."""
+def gemm(m: int, n: int, k: int, dtype: str, packed_here: bool = True) -> Schedule:
+    """C = A @ W with W packed (K, N) from stacked weights (N, K), as the hoisted GEMM reads them; or
+    (not ``packed_here``) W given (K, N), as a step GEMM reads the weights the prologue packed."""
     a = te.placeholder((m, k), dtype, name="A")
-    weights = te.placeholder((n, k), dtype, name="weights")
-    packed = te.compute((k, n), lambda i, j: weights[j, i], name="w_packed")
+    if packed_here:
+        weights = te.placeholder((n, k), dtype, name="weights")
+        packed = te.compute((k, n), lambda i, j: weights[j, i], name="w_packed")
+    else:
+        weights = packed = te.placeholder((k, n), dtype, name="weights")
     r = te.reduce_axis((0, k), name="k")
     c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype("float32") * packed[r, j].astype("float32"), axis=r),
                    name="C")
@@ -86,29 +92,58 @@ TILES = [WgmmaTile(2, 256, 4, True), WgmmaTile(2, 128, 5, True), WgmmaTile(1, 12
          WgmmaTile(1, 64, 4, False)]
 
 
+@needs_tensorize
+def test_weights_packed_elsewhere_are_read_mn_major():
+    """W (K, N) not packed in the GEMM's scope (the step's weights, packed by the prologue) stays
+    (K, N): the kernel stages it MN-major (transposed wgmma operand, ``trans-b`` 1)."""
+    sch = gemm(128, 256, 128, "float16", packed_here=False)
+    assert gemm_wgmma(sch, sch.get_sblock("C"), WgmmaTile(1, 128, 6, True), "float16")
+    after = sch.mod.script()
+    assert 'weights: T.Buffer((128, 256), "float16")' in after  # (K, N), as given
+    # each k16 step 4096 bytes into the W tile (two K groups of 8 rows x 128 columns); scale-a, -b 1,
+    # A not transposed, W transposed
+    assert '+ kk * 4096) // 16), kt > 0 or kk > 0, 1, 1, 0, 1, "mma_async"' in after
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("packed_here", [True, False], ids=["k-major", "mn-major"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t.groups}x{t.bn}-{t.stages}{'f' if t.in_flight else ''}")
-def test_gemm_matches_float64_on_gpu(tile, dtype, rng):
-    """Ragged M (every row tile but the last whole), several K tiles, fresh inputs."""
+def test_gemm_matches_float64_on_gpu(tile, dtype, packed_here, rng):
+    """Ragged M (every row tile but the last whole), several K tiles, fresh inputs; W staged K-major
+    (packed here, into (N, K)) and MN-major (given (K, N))."""
     torch = pytest.importorskip("torch")
     target = CudaTarget.detect()
     if not wgmma_available(dtype, target):
         pytest.skip("not a Hopper GPU")
     m, n, k = 333, 512, 384
-    sch = gemm(m, n, k, dtype)
+    sch = gemm(m, n, k, dtype, packed_here)
     assert gemm_wgmma(sch, sch.get_sblock("C"), tile, dtype)
-    c_block = sch.get_sblock("w_packed")
-    fused = sch.fuse(*sch.get_loops(c_block))
-    bx, tx = sch.split(fused, [None, 256])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
+    if packed_here:
+        fused = sch.fuse(*sch.get_loops(sch.get_sblock("w_packed")))
+        bx, tx = sch.split(fused, [None, 256])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
     f = target.build(sch.mod)["main"]
     a = rng.standard_normal((m, k))
     w = rng.standard_normal((n, k)) / k**0.5
-    args = [torch.tensor(v, dtype=getattr(torch, dtype), device="cuda") for v in (a, w)]
+    args = [torch.tensor(v, dtype=getattr(torch, dtype), device="cuda") for v in (a, w if packed_here else w.T)]
     c = torch.full((m, n), float("nan"), device="cuda")
-    f(*[from_dlpack(t) for t in (*args, c)])
-    want = args[0].double().cpu().numpy() @ args[1].double().cpu().numpy().T
+    f(*[from_dlpack(t.contiguous()) for t in (*args, c)])
+    want = args[0].double().cpu().numpy() @ (args[1].double().cpu().numpy().T if packed_here else args[1].double().cpu().numpy())
     assert np.linalg.norm(c.cpu().numpy() - want) / np.linalg.norm(want) < 1e-5
+
+
+@needs_tensorize
+@pytest.mark.parametrize("recipe", [CudaStepLoop(), CudaPersistent()], ids=lambda r: r.name)
+@pytest.mark.parametrize("cell, batch, hidden", [(halstm.LSTM, 256, 1024), (halstm.GRU, 64, 1024), (halstm.LSTM, 16, 512)])
+def test_defaults_put_the_hoisted_gemm_on_wgmma(recipe, cell, batch, hidden):
+    """The recipes' defaults are valid with the hoisted GEMM on wgmma: its WMMA fragments (moot) stay
+    at their first value (run 82's sweeps found them rejected when they did not)."""
+    program = halstm.lower(cell(hidden, hidden), steps=100, batch=batch, dtype="float16")
+    knobs = recipe.defaults(program, H100)
+    assert recipe.valid(program, H100, knobs)
+    step_loop = knobs if recipe.name == "cuda-step-loop" else _prologue_knobs(program, H100, knobs)
+    assert hoisted_on_wgmma(step_loop, program, H100)
+    assert knobs["tc_hoisted_frags"] == recipe.knobs["tc_hoisted_frags"][0]
