@@ -121,7 +121,7 @@ class CudaStepLoop(Recipe):
         k = super().defaults(program, target)
         if target is not None and use_tensor_cores(k, program, target):
             k.update(_pipelined(k, program, target))
-            if hoisted_on_wgmma(k, program, target):  # its WMMA fragments change nothing
+            if on_wgmma(k, program, target):  # its WMMA fragments change nothing
                 k["tc_hoisted_frags"] = self.knobs["tc_hoisted_frags"][0]
         if target is not None and use_tensor_cores(k, program, target, program.batch):
             # the FFMA step knobs stay at their first value, as valid() wants of unused knobs
@@ -222,7 +222,7 @@ class CudaStepLoop(Recipe):
         step_tc = use_tensor_cores(knobs, program, target, program.batch)
         if not use_tensor_cores(knobs, program, target):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA
-        wgmma = ("tc_hoisted_frags",) if hoisted_on_wgmma(knobs, program, target) else ()
+        wgmma = ("tc_hoisted_frags",) if on_wgmma(knobs, program, target) else ()
         if not wgmma_available(program.dtype, target):
             wgmma = self._WGMMA
         return self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else self._TENSOR_CORE_STEP) + wgmma
@@ -386,12 +386,12 @@ def _step_tiles_fit(knobs: dict, program, target, size: int) -> bool:
 def epilogue_units(knobs: dict, program, target) -> int | None:
     """The units a column tile of the first step GEMM holds when its epilogue fuses (tc_epilogue):
     on WMMA tensor cores, M, N, K whole tiles, N a whole number G of gates of width H, and the tile's
-    columns G x units with units dividing H; None otherwise. Not on wgmma (``step_on_wgmma``): H100
+    columns G x units with units dividing H; None otherwise. Not on wgmma (``on_wgmma``): H100
     fp16 T=100 (run 83), prepared ms, wgmma and a separate elementwise kernel / WMMA with the math
     fused / all WMMA: LSTM (100,256,1024) 2.394 / 2.565 / 3.258, (100,64,2048) 2.397 / 2.711 / 3.545
     (cuDNN 2.174, 2.367 in those processes)."""
     gemm = next(iter(program.plan.step_gemms), None)
-    if (gemm is None or step_on_wgmma(knobs, program, target)
+    if (gemm is None or on_wgmma(knobs, program, target, step=True)
             or not (knobs["tc_epilogue"] and use_tensor_cores(knobs, program, target, program.batch))):
         return None
     return _tile_units(step_tensor_core_tile(knobs, program.batch, gemm.rows, target), gemm, program)
@@ -448,24 +448,17 @@ def fuse_epilogue(sch: Schedule, gemm, knobs: dict, program, target):
     return fused
 
 
-def hoisted_on_wgmma(knobs: dict, program, target) -> bool:
-    """Whether the hoisted GEMMs run on wgmma (schedule_gemm): tensor cores and the knob on, a
-    Hopper GPU and fp16/bf16, every hoisted GEMM's tile fitting its N and K. (schedule_gemm also
-    needs the operand in the storage type, not known here: a cell that computes it in fp32 runs WMMA.)"""
-    if not (knobs["wgmma"] and use_tensor_cores(knobs, program, target) and wgmma_available(program.dtype, target)):
-        return False
-    rows = program.steps * program.batch
-    return all(wgmma_tile(rows, g.rows, target).fits(g.rows, g.depth, program.dtype, target) for g in program.plan.hoisted)
-
-
-def step_on_wgmma(knobs: dict, program, target) -> bool:
-    """Whether the step GEMMs run on wgmma, as ``hoisted_on_wgmma`` at B rows (a computed operand,
-    ResetBeforeGRU's r * h, keeps its GEMM on WMMA all the same)."""
-    if not (knobs["wgmma"] and use_tensor_cores(knobs, program, target, program.batch)
+def on_wgmma(knobs: dict, program, target, step: bool = False) -> bool:
+    """Whether the hoisted GEMMs (with ``step``, the step's, at B rows) run on wgmma (schedule_gemm):
+    tensor cores and the knob on, a Hopper GPU and fp16/bf16, every such GEMM's tile fitting its N
+    and K. (schedule_gemm also needs the operand in the storage type, not known here: a GEMM whose
+    operand is computed, ResetBeforeGRU's r * h, runs WMMA all the same.)"""
+    rows = program.batch if step else program.steps * program.batch
+    if not (knobs["wgmma"] and use_tensor_cores(knobs, program, target, rows if step else None)
             and wgmma_available(program.dtype, target)):
         return False
-    return all(wgmma_tile(program.batch, g.rows, target).fits(g.rows, g.depth, program.dtype, target)
-               for g in program.plan.step_gemms)
+    gemms = program.plan.step_gemms if step else program.plan.hoisted
+    return all(wgmma_tile(rows, g.rows, target).fits(g.rows, g.depth, program.dtype, target) for g in gemms)
 
 
 def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None) -> bool:

@@ -66,8 +66,8 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import indent, skeleton
 
-from .cuda import (BYTES, CudaStepLoop, bind_flat, epilogue_units, hoisted_on_wgmma, hoisted_tensor_core_tile,
-                   schedule_gemm, schedule_transpose, step_on_wgmma, use_tensor_cores)
+from .cuda import (BYTES, CudaStepLoop, bind_flat, epilogue_units, hoisted_tensor_core_tile, on_wgmma,
+                   schedule_gemm, schedule_transpose, use_tensor_cores)
 from .cuda_tensorcore import tensor_cores_available
 from .recipe import Recipe, child_blocks, inline_elementwise, is_reduction
 from .wgmma import wgmma_available
@@ -186,7 +186,8 @@ class CudaPersistent(Recipe):
         if _Kernel.plan(program, target, k).staged:
             return program.batch <= PREFERRED_MAX_BATCH
         if k["tensor_cores"]:  # streamed: first unless the step loop runs a step as one kernel or on wgmma
-            return epilogue_units(step_loop, program, target) is None and not step_on_wgmma(step_loop, program, target)
+            return (epilogue_units(step_loop, program, target) is None
+                    and not on_wgmma(step_loop, program, target, step=True))
         step_loop_on_tensor_cores = use_tensor_cores(step_loop, program, target, program.batch)
         return program.batch <= PREFERRED_MAX_BATCH and not (step_loop_on_tensor_cores
                                                              and len(program.plan.stages) == 1)
@@ -198,7 +199,7 @@ class CudaPersistent(Recipe):
         polled; no warp's weight fragments fit in registers): each would only repeat a candidate."""
         first = {n: knobs[n] == self.knobs[n][0] for n in ("tc_hoisted_frags", "wgmma")}
         hoisted = _prologue_knobs(program, target, knobs)
-        wmma = use_tensor_cores(hoisted, program, target) and not hoisted_on_wgmma(hoisted, program, target)
+        wmma = use_tensor_cores(hoisted, program, target) and not on_wgmma(hoisted, program, target)
         if not ((first["tc_hoisted_frags"] or wmma) and (first["wgmma"] or wgmma_available(program.dtype, target))
                 and self.runs(program, target, knobs)):
             return False

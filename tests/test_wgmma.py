@@ -12,7 +12,7 @@ from tvm.s_tir import Schedule
 import halstm
 from conftest import assert_nvcc_compiles, gpu_available
 from halstm.schedules import CudaPersistent, CudaStepLoop
-from halstm.schedules.cuda import hoisted_on_wgmma
+from halstm.schedules.cuda import on_wgmma
 from halstm.schedules.cuda_persistent import _prologue_knobs
 from halstm.schedules.cuda_tensorcore import tensorize_works
 from halstm.schedules.wgmma import WgmmaTile, gemm_wgmma, wgmma_available, wgmma_tile
@@ -145,5 +145,5 @@ def test_defaults_put_the_hoisted_gemm_on_wgmma(recipe, cell, batch, hidden):
     knobs = recipe.defaults(program, H100)
     assert recipe.valid(program, H100, knobs)
     step_loop = knobs if recipe.name == "cuda-step-loop" else _prologue_knobs(program, H100, knobs)
-    assert hoisted_on_wgmma(step_loop, program, H100)
+    assert on_wgmma(step_loop, program, H100) and on_wgmma(step_loop, program, H100, step=True)  # B >= 16
     assert knobs["tc_hoisted_frags"] == recipe.knobs["tc_hoisted_frags"][0]
