@@ -36,7 +36,7 @@ def tile_of(text: str) -> TensorCoreTile | WgmmaTile:
     return TensorCoreTile(warps_m, warps_n, fm, fn, bk, stages=stages)
 
 
-def fits(tile, m: int, n: int, k: int, dtype: str, target: CudaTarget) -> bool:
+def fits(tile, n: int, k: int, dtype: str, target: CudaTarget) -> bool:
     if isinstance(tile, WgmmaTile):
         return wgmma_available(dtype, target) and tile.fits(n, k, dtype, target)
     return tile.fits(BYTES[dtype], target)
@@ -90,7 +90,7 @@ def main():
           f"| cuBLAS (torch.matmul, {args.dtype} result) | {cublas * 1e3:.1f} | {flops / cublas / 1e9:.0f} | 1.00 | |")
     for text in args.tiles:
         tile = tile_of(text)
-        if not fits(tile, m, n, k, args.dtype, target):
+        if not fits(tile, n, k, args.dtype, target):
             print(f"| {text} | does not fit | | | |")
             continue
         c = torch.empty(m, n, device="cuda", dtype=getattr(torch, result))

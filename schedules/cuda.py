@@ -48,7 +48,7 @@ from halstm.lowering import PackedLayout
 from .cuda_tensorcore import (BYTES, WARP, TensorCoreTile, fetches_its_operand, gemm_tensorcore,
                               tensor_cores_available)
 from .recipe import Recipe, child_blocks, inline_elementwise, is_pure_copy, is_reduction, merge_next_states
-from .wgmma import gemm_wgmma, wgmma_available, wgmma_tile
+from .wgmma import WgmmaTile, gemm_wgmma, wgmma_available, wgmma_tile
 
 VECTOR = 4  # elements a thread fetches at once into shared memory
 # the step GEMM uses tensor cores from one full 16-row fragment up: below, most of each mma_sync
@@ -454,11 +454,18 @@ def on_wgmma(knobs: dict, program, target, step: bool = False) -> bool:
     and K. (schedule_gemm also needs the operand in the storage type, not known here: a GEMM whose
     operand is computed, ResetBeforeGRU's r * h, runs WMMA all the same.)"""
     rows = program.batch if step else program.steps * program.batch
-    if not (knobs["wgmma"] and use_tensor_cores(knobs, program, target, rows if step else None)
-            and wgmma_available(program.dtype, target)):
-        return False
     gemms = program.plan.step_gemms if step else program.plan.hoisted
-    return all(wgmma_tile(rows, g.rows, target).fits(g.rows, g.depth, program.dtype, target) for g in gemms)
+    return (use_tensor_cores(knobs, program, target, rows if step else None)
+            and all(_wgmma_tile(knobs, program, target, rows, g.rows, g.depth) for g in gemms))
+
+
+def _wgmma_tile(knobs: dict, program, target, rows: int, cols: int, depth: int) -> WgmmaTile | None:
+    """The wgmma tile of a rows x cols x depth GEMM where the knob is on, the target and dtype have
+    wgmma and the tile fits; else None."""
+    if not (knobs["wgmma"] and wgmma_available(program.dtype, target)):
+        return None
+    tile = wgmma_tile(rows, cols, target)
+    return tile if tile.fits(cols, depth, program.dtype, target) else None
 
 
 def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None) -> bool:
@@ -471,16 +478,16 @@ def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None)
 
 def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool, views=()) -> None:
     """The hoisted GEMM (T x B rows) or the step's (B rows) on tensor cores where
-    ``use_tensor_cores`` allows and the tile can fetch its operand, else the FFMA tile."""
+    ``use_tensor_cores`` allows: wgmma's where it applies (``_wgmma_tile``, ``gemm_wgmma``), else
+    WMMA's where the tile can fetch its operand; else the FFMA tile."""
     rows = program.batch if step else program.steps * program.batch
     if use_tensor_cores(knobs, program, target, rows if step else None):
-        if knobs["wgmma"] and wgmma_available(program.dtype, target):
-            cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-2:])
-            tile = wgmma_tile(rows, cols, target)
-            if tile.fits(cols, depth, program.dtype, target) and gemm_wgmma(sch, block, tile, program.dtype):
-                return
+        cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-2:])
+        wgmma = _wgmma_tile(knobs, program, target, rows, cols, depth)
+        if wgmma is not None and gemm_wgmma(sch, block, wgmma, program.dtype):
+            return
         if step:
-            tile = step_tensor_core_tile(knobs, rows, int(sch.get(block).writes[0].source.shape[-1]), target)
+            tile = step_tensor_core_tile(knobs, rows, cols, target)
         else:
             tile = hoisted_tensor_core_tile(knobs).for_rows(rows)
         if fetches_its_operand(sch, block, tile, program.dtype):

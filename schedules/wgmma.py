@@ -37,6 +37,7 @@ overwrites C at its first K step.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tvm.s_tir import Schedule
@@ -137,6 +138,7 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
     return True
 
 
+@functools.cache  # once a process: a registration (parsing the kernel) took 0.10-0.16 s on the 2-core CPU
 def _register_fill(rows: int, cols: int) -> str:
     name = f"halstm_wgmma_fill_{rows}x{cols}"
 
@@ -163,6 +165,7 @@ def _register_fill(rows: int, cols: int) -> str:
     return name
 
 
+@functools.cache
 def _register_gemm(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool) -> str:
     name = (f"halstm_wgmma_{M}x{N}x{K}_{dtype}_{tile.groups}x{tile.bn}_{tile.stages}{'f' if tile.in_flight else ''}"
             f"{'_kn' if k_by_n else ''}")

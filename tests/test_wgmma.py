@@ -42,13 +42,14 @@ def test_gemm_becomes_one_wgmma_kernel_over_k_major_weights():
     sch = gemm(300, 256, 128, "float16")
     before = sch.mod.script()
     assert "w_packed[v_i, v_j] = weights[v_j, v_i]" in before  # the packing transposes
+    assert "C[v_i, v_j] = T.float32(0.0)" in before  # the GEMM's zero-fill
     assert gemm_wgmma(sch, sch.get_sblock("C"), WgmmaTile(2, 128, 4, True), "float16")
     after = sch.mod.script()
     assert "w_packed[v_j, v_i] = weights[v_j, v_i]" in after  # now a copy: W is (N, K),
     packing = sch.get_loops(sch.get_sblock("w_packed"))
     assert [sch.get(loop).extent for loop in packing] == [256, 128]  # and k innermost (coalesced)
     assert 'T.launch_thread("blockIdx.x", 6)' in after  # 3 row tiles (ragged) x 2 column tiles
-    assert "wgmma.mma_async" in after or "T.ptx.wgmma" in after
+    assert '"mma_async", "sync", "aligned", "m64n128k16", "f32", "f16", "f16"' in after
     assert after.count("C[v_i, v_j] = T.float32(0.0)") == 0  # the zero-fill emits nothing
 
 
