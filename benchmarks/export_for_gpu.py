@@ -15,17 +15,20 @@ from halstm.targets import CudaTarget
 
 from gpu_deploy import inputs  # noqa: E402 (beside this script)
 
-CASES = [(halstm.LSTM, 100, 1, 256), (halstm.PeepholeLSTM, 50, 16, 256)]  # (cell, T, B, I=H)
+# (cell, T, B, I=H, dtype, recipe or None for the default): the persistent kernel (cooperative launch)
+# at B=1 and 16; the step loop's GEMMs on wgmma (sm_90a)
+CASES = [(halstm.LSTM, 100, 1, 256, "float32", None), (halstm.PeepholeLSTM, 50, 16, 256, "float32", None),
+         (halstm.GRU, 5, 64, 256, "float16", "cuda-step-loop")]
 
 
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     target = CudaTarget("sm_90", sms=132)
     rng = np.random.default_rng()
-    for cell_type, T, B, H in CASES:
+    for cell_type, T, B, H, dtype, recipe in CASES:
         cell = cell_type(H, H)
-        f = halstm.compile(cell, T, B, target=target, database=False)
-        name = f"{cell.name}-T{T}-B{B}-H{H}"
+        f = halstm.compile(cell, T, B, dtype, target=target, recipe=recipe, database=False)
+        name = f"{cell.name}-T{T}-B{B}-H{H}-{dtype}"
         halstm.export(f, out / f"{name}.so")
         seed = int(rng.integers(1 << 31))
         y, _ = halstm.reference(cell, *inputs(f.signature, seed))

@@ -53,7 +53,8 @@ def export(compiled, path) -> Path:
         "cell": compiled.cell.name,
         "cell_hash": cell_hash(compiled.cell),
         "signature": compiled.signature.to_json(),
-        "target": {"kind": target.kind, "key": target.key, "arch": getattr(target, "arch", None)},
+        "target": {"kind": target.kind, "key": target.key, "arch": getattr(target, "arch", None),
+                   "isa": getattr(target, "isa", None)},
         "recipe": compiled.recipe.name,
         "knobs": compiled.knobs,
         "allow_tf32": compiled.program.allow_tf32,
@@ -83,7 +84,7 @@ def load(path, *, steps: int | None = None, batch: int | None = None, dtype: str
             raise ValueError(f"{path} was compiled for {name}={have}, not {want}")
     device = _device(meta["target"])
     if meta["target"]["kind"] == "cuda":
-        _compile_kernels_for(meta["target"]["arch"])
+        _compile_kernels_for(meta["target"].get("isa") or meta["target"]["arch"])  # no isa before 2026-11-25
     module = tvm_ffi.load_module(str(path))
     return LoadedCell(module["main"], signature, device, meta)
 
@@ -103,7 +104,8 @@ def _device(target: dict):
 def _compile_kernels_for(arch: str) -> None:
     """An exported CUDA module holds CUDA source (TVM 0.27 stores format 'cuda'), compiled with
     NVRTC when it loads. TVM's own hook asks the compiler library for the current target's
-    architecture; this one takes it from the sidecar, so the runtime alone suffices."""
+    architecture; this one takes the instruction set the module was built for from the sidecar
+    (sm_90a where its kernels use wgmma, which sm_90 lacks), so the runtime alone suffices."""
     from tvm.support import nvcc
 
     def compile_cuda(code):

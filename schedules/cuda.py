@@ -109,23 +109,28 @@ class CudaStepLoop(Recipe):
     _TENSOR_CORE_STEP = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_step_k", "tc_prefetch", "tc_fill",
                          "tc_epilogue")
     _WGMMA = ("wgmma",)
+    switches = ("tensor_cores", "wgmma")
 
     def is_applicable(self, program, target) -> bool:
         return target.kind == "cuda"
 
-    def defaults(self, program, target) -> dict:
+    def defaults(self, program, target, switches: dict | None = None) -> dict:
         """The first value of each knob, but the step GEMM's column tile halved (down to 32) while
         its grid leaves SMs idle: at B=64, H=1024 (N=4096) 64 x 64 tiles made 64 blocks for the
         H100's 132 SMs and the step GEMM ran at 5.8 TFLOP/s (ncu: 92 us a step); and widened until
-        a block has a warp's threads. Tensor-core GEMMs pipelined (``_pipelined``)."""
-        k = super().defaults(program, target)
+        a block has a warp's threads. Tensor-core GEMMs pipelined (``_pipelined``); the WMMA knobs
+        of GEMMs on wgmma at their first value (``_moot_wmma``), those of GEMMs off it (wgmma False
+        in ``switches``) tuned as here."""
+        k = super().defaults(program, target, switches)
         if target is not None and use_tensor_cores(k, program, target):
             k.update(_pipelined(k, program, target))
-            if on_wgmma(k, program, target):  # its WMMA fragments change nothing
-                k["tc_hoisted_frags"] = self.knobs["tc_hoisted_frags"][0]
         if target is not None and use_tensor_cores(k, program, target, program.batch):
-            # the FFMA step knobs stay at their first value, as valid() wants of unused knobs
-            return {**k, **self._step_tensor_core_defaults(program, target, k)}
+            # the FFMA step knobs stay at their first value, as valid() wants of unused knobs; so do
+            # the WMMA knobs of GEMMs on wgmma
+            k.update(self._step_tensor_core_defaults(program, target, k))
+            return {**k, **{n: self.knobs[n][0] for n in self._moot_wmma(program, target, k)}}
+        if target is not None and use_tensor_cores(k, program, target):
+            k.update({n: self.knobs[n][0] for n in self._moot_wmma(program, target, k)})
         widest = max((g.rows for g in program.plan.step_gemms), default=0)
         while (target is not None and k["block_cols"] > 32
                and step_tile(k, program.batch).blocks(program.batch, widest) < target.sms):
@@ -193,12 +198,13 @@ class CudaStepLoop(Recipe):
     def runs(self, program, target, knobs) -> bool:
         """The tiles that run fit: the hoisted GEMM's (tensor cores or FFMA), the step GEMM's FFMA
         tile as it runs (it does on tensor cores too where a computed operand, r * h, would need
-        padding) and its tensor-core tiles."""
+        padding) and its WMMA tiles where a step GEMM runs on them."""
         size = BYTES[program.dtype]
         on = use_tensor_cores(knobs, program, target)
         hoisted = hoisted_tensor_core_tile(knobs) if on else hoisted_tile(knobs)
         return (hoisted.fits(size, target) and step_tile(knobs, program.batch).fits(size, target)
                 and (not use_tensor_cores(knobs, program, target, program.batch)
+                     or on_wgmma(knobs, program, target, step=True)
                      or _step_tiles_fit(knobs, program, target, size)))
 
     def space(self, program, target) -> list[dict]:
@@ -206,7 +212,7 @@ class CudaStepLoop(Recipe):
         settings, a minute of valid())."""
         space = []
         for on, wgmma in itertools.product(self.knobs["tensor_cores"], self.knobs["wgmma"]):
-            first = {**self.defaults(program, target), "tensor_cores": on, "wgmma": wgmma}
+            first = self.defaults(program, target, {"tensor_cores": on, "wgmma": wgmma})
             unused = self._unused(program, target, first)
             if any(first[n] != self.knobs[n][0] and n in unused for n in ("tensor_cores", "wgmma")):
                 continue
@@ -219,13 +225,22 @@ class CudaStepLoop(Recipe):
         """The knobs that change nothing here."""
         if not tensor_cores_available(program.dtype, target, program.allow_tf32):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA + ("tensor_cores",)
-        step_tc = use_tensor_cores(knobs, program, target, program.batch)
         if not use_tensor_cores(knobs, program, target):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA
-        wgmma = ("tc_hoisted_frags",) if on_wgmma(knobs, program, target) else ()
-        if not wgmma_available(program.dtype, target):
-            wgmma = self._WGMMA
-        return self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else self._TENSOR_CORE_STEP) + wgmma
+        step_tc = use_tensor_cores(knobs, program, target, program.batch)
+        wgmma = () if wgmma_available(program.dtype, target) else self._WGMMA
+        return (self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else ()) + self._moot_wmma(program, target, knobs)
+                + wgmma)
+
+    def _moot_wmma(self, program, target, knobs) -> tuple:
+        """The WMMA knobs of GEMMs that run on wgmma (``on_wgmma``) or FFMA cores (a step of fewer
+        than TENSOR_CORE_MIN_ROWS rows): the hoisted GEMM's, the step's, tc_stages where neither
+        runs WMMA."""
+        hoisted = on_wgmma(knobs, program, target)
+        step = (on_wgmma(knobs, program, target, step=True)
+                or not use_tensor_cores(knobs, program, target, program.batch))
+        return ((("tc_hoisted_frags", "tc_k") if hoisted else ()) + (self._TENSOR_CORE_STEP if step else ())
+                + (("tc_stages",) if hoisted and step else ()))
 
     def layout(self, program, target, knobs) -> PackedLayout:
         """Columns grouped by units (``PackedLayout.units``) where a step GEMM's epilogue fuses:
@@ -449,14 +464,14 @@ def fuse_epilogue(sch: Schedule, gemm, knobs: dict, program, target):
 
 
 def on_wgmma(knobs: dict, program, target, step: bool = False) -> bool:
-    """Whether the hoisted GEMMs (with ``step``, the step's, at B rows) run on wgmma (schedule_gemm):
-    tensor cores and the knob on, a Hopper GPU and fp16/bf16, every such GEMM's tile fitting its N
-    and K. (schedule_gemm also needs the operand in the storage type, not known here: a GEMM whose
-    operand is computed, ResetBeforeGRU's r * h, runs WMMA all the same.)"""
+    """Whether the hoisted GEMMs (with ``step``, the step's, at B rows) all run on wgmma
+    (schedule_gemm): tensor cores and the knob on, a Hopper GPU and fp16/bf16, every such GEMM's
+    tile fitting its N and K and its operand read as given (``gemm_wgmma`` leaves a computed one,
+    ResetBeforeGRU's r * h, to WMMA)."""
     rows = program.batch if step else program.steps * program.batch
     gemms = program.plan.step_gemms if step else program.plan.hoisted
     return (use_tensor_cores(knobs, program, target, rows if step else None)
-            and all(_wgmma_tile(knobs, program, target, rows, g.rows, g.depth) for g in gemms))
+            and all(g.reads_input and _wgmma_tile(knobs, program, target, rows, g.rows, g.depth) for g in gemms))
 
 
 def _wgmma_tile(knobs: dict, program, target, rows: int, cols: int, depth: int) -> WgmmaTile | None:

@@ -148,16 +148,17 @@ class CudaPersistent(Recipe):
         "wgmma": (True, False),
     }
     build_options = {"cooperative": True}
+    switches = ("wgmma",)
 
-    def defaults(self, program, target) -> dict:
+    def defaults(self, program, target, switches: dict | None = None) -> dict:
         """The fewest units that keep the grid within the SMs (the largest grid); the largest row tile
         within the batch; the largest column tile that divides the block's columns; tensor cores
         where the dtype and arch allow them from TENSOR_CORE_MIN_BATCH rows; the hoisted
         GEMM's fragments as the step loop's. On tensor cores the batch over row blocks too
         (``_row_blocks``)."""
         H, B = program.cell.hidden_size, program.batch
-        k = super().defaults(program, target)
-        k["tc_hoisted_frags"] = _step_loop_defaults(program, target)["tc_hoisted_frags"]
+        k = super().defaults(program, target, switches)
+        k["tc_hoisted_frags"] = _step_loop_defaults(program, target, k["wgmma"])["tc_hoisted_frags"]
         k["units"] = next(u for u in range(1, H + 1) if H % u == 0 and H // u <= target.sms)
         k.update(_register_tile(program, k["units"]))
         k["tensor_cores"] = tensor_cores_available(program.dtype, target) and B >= TENSOR_CORE_MIN_BATCH
@@ -285,14 +286,14 @@ def _row_blocks(recipe, program, target, knobs) -> dict:
                key=lambda k: (H // k["units"] * k["row_blocks"], k["units"]), default=knobs)
 
 
-def _step_loop_defaults(program, target) -> dict:
-    return _per_program("step loop", program, target, lambda: CudaStepLoop().defaults(program, target))
+def _step_loop_defaults(program, target, wgmma: bool = True) -> dict:
+    return _per_program("step loop", program, (target, wgmma),
+                        lambda: CudaStepLoop().defaults(program, target, {"wgmma": wgmma}))
 
 
 def _prologue_knobs(program, target, knobs) -> dict:
     """The step loop's defaults for the prologue, with this recipe's hoisted-GEMM knobs."""
-    return {**_step_loop_defaults(program, target), "tc_hoisted_frags": knobs["tc_hoisted_frags"],
-            "wgmma": knobs["wgmma"]}
+    return {**_step_loop_defaults(program, target, knobs["wgmma"]), "tc_hoisted_frags": knobs["tc_hoisted_frags"]}
 
 
 def _widest(program) -> int:

@@ -22,11 +22,11 @@ class CpuGreedyDecode(CpuStepLoop):
 
     name = "cpu-greedy-decode"
 
-    def defaults(self, program, target) -> dict:
+    def defaults(self, program, target, switches: dict | None = None) -> dict:
         # Panels no taller than the batch: the micro-kernel makes panel // rows row tiles a panel
         # whatever the batch, and at B=32 a 64-row panel left half of its tasks predicated off
         # (31 against 16 ms a token, V=32000).
-        knobs = super().defaults(program, target)
+        knobs = super().defaults(program, target, switches)
         rows = knobs["rows"]
         return {**knobs, "panel": min(knobs["panel"], -(-program.batch // rows) * rows)}
 

@@ -15,6 +15,8 @@ class Recipe:
 
     name = "recipe"
     knobs: dict[str, tuple] = {}
+    # knobs that choose which kernels run: the defaults of the others follow their values (resolve)
+    switches: tuple[str, ...] = ()
 
     def is_applicable(self, program, target) -> bool:
         raise NotImplementedError
@@ -26,9 +28,10 @@ class Recipe:
         """How the packed GEMM weights are stored for this recipe (lowering reads it)."""
         return PackedLayout()
 
-    def defaults(self, program, target) -> dict:
-        """The knob values used without tuning (the first candidate of each)."""
-        return {k: v[0] for k, v in self.knobs.items()}
+    def defaults(self, program, target, switches: dict | None = None) -> dict:
+        """The knob values used without tuning (the first candidate of each), with ``switches``
+        (values of some of ``self.switches``)."""
+        return {**{k: v[0] for k, v in self.knobs.items()}, **(switches or {})}
 
     def runs(self, program, target, knobs: dict) -> bool:
         """Whether a knob setting can run here at all (threads, registers, shared memory,
@@ -55,7 +58,9 @@ class Recipe:
         unknown = set(knobs or {}) - set(self.knobs)
         if unknown:
             raise ValueError(f"recipe '{self.name}' has no knob(s) {sorted(unknown)}; it has {sorted(self.knobs)}")
-        return {**self.defaults(program, target), **(knobs or {})}
+        knobs = knobs or {}
+        switches = {n: knobs[n] for n in self.switches if n in knobs}
+        return {**self.defaults(program, target, switches), **knobs}
 
     def __repr__(self):
         return f"{type(self).__name__}()"

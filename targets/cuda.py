@@ -50,10 +50,16 @@ class CudaTarget:
         )
 
     @property
+    def isa(self) -> str:
+        """The instruction set kernels are compiled for: sm_90 as sm_90a, the Hopper-only set that
+        has wgmma (schedules/wgmma.py)."""
+        return self.arch + ("a" if self.arch == "sm_90" else "")
+
+    @property
     def tvm_target(self) -> Target:
-        """TVM's target; sm_90 as sm_90a, the Hopper-only instruction set that has wgmma (schedules/wgmma.py)."""
+        """TVM's target, for ``isa``."""
         return Target(
-            {"kind": "cuda", "arch": self.arch + ("a" if self.arch == "sm_90" else ""),
+            {"kind": "cuda", "arch": self.isa,
              "max_threads_per_block": self.max_threads, "max_shared_memory_per_block": self.shared_memory},
             host="llvm",
         )

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 
 import halstm
-from conftest import TOLERANCE, random_inputs, rel_err
+from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err
+from halstm.schedules.cuda_tensorcore import tensorize_works
+from halstm.targets import CudaTarget
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +33,15 @@ def test_sidecar_says_what_the_module_is(exported):
     assert meta["cell_hash"] != halstm.lowering.cell_hash(halstm.PeepholeLSTM(9, 13))
 
 
-def test_runtime_only_process_loads_and_runs(exported, tmp_path, rng):
-    cell, path = exported
-    x, params, states = random_inputs(cell, 5, 3, rng)
+def run_with_runtime_only(path, tmp_path, x, params, states):
+    """``y`` of the module at ``path`` run in a process with the TVM runtime alone."""
     np.savez(tmp_path / "in.npz", x=x, **{f"p_{k}": v for k, v in params.items()}, **{f"s_{k}": v for k, v in states.items()})
     script = textwrap.dedent(f"""
         import numpy as np, halstm.deploy as deploy
         data = np.load({str(tmp_path / "in.npz")!r})
         params = {{k[2:]: data[k] for k in data if k.startswith("p_")}}
         states = {{k[2:]: data[k] for k in data if k.startswith("s_")}}
-        f = deploy.load({str(path)!r}, steps=5)
+        f = deploy.load({str(path)!r}, steps={x.shape[0]})
         y, final = f(data["x"], params, states)
         np.save({str(tmp_path / "y.npy")!r}, y)
         maps = open("/proc/self/maps").read()
@@ -48,10 +50,52 @@ def test_runtime_only_process_loads_and_runs(exported, tmp_path, rng):
         print("ok", f)
     """)
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    return np.load(tmp_path / "y.npy")
+
+
+def test_runtime_only_process_loads_and_runs(exported, tmp_path, rng):
+    cell, path = exported
+    x, params, states = random_inputs(cell, 5, 3, rng)
     y_ref, _ = halstm.reference(cell, x, params, states)
-    assert rel_err(np.load(tmp_path / "y.npy"), y_ref) < TOLERANCE["float32"]
+    assert rel_err(run_with_runtime_only(path, tmp_path, x, params, states), y_ref) < TOLERANCE["float32"]
+
+
+def export_wgmma_gru(target, path):
+    """A GRU whose GEMMs run on wgmma (fp16, B=64, the step loop) where ``target`` is an H100."""
+    cell = halstm.GRU(64, 64)
+    f = halstm.compile(cell, 3, 64, "float16", target=target, recipe="cuda-step-loop", database=False)
+    return cell, f, halstm.export(f, path)
+
+
+@pytest.mark.skipif(not tensorize_works(), reason="Schedule.tensorize crashes with this apache-tvm-ffi")
+def test_a_cuda_module_is_compiled_at_load_for_the_instruction_set_it_was_built_for(tmp_path):
+    """An exported CUDA module holds CUDA source, compiled when it loads (NVRTC) for the
+    instruction set its sidecar names: sm_90a on an H100, whose wgmma the plain sm_90 lacks."""
+    _, f, path = export_wgmma_gru(CudaTarget("sm_90", sms=132), tmp_path / "gru.so")
+    meta = halstm.deploy.read_meta(path)
+    assert (meta["target"]["arch"], meta["target"]["isa"]) == ("sm_90", "sm_90a")
+    source = f.module.mod.imports[0].inspect_source()
+    assert "wgmma.mma_async" in source
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not found")
+    assert_nvcc_compiles(source, tmp_path, meta["target"]["isa"])
+    with pytest.raises(AssertionError, match="wgmma.mma_async .* not supported on .target 'sm_90'"):
+        assert_nvcc_compiles(source, tmp_path, "sm_90")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+def test_runtime_only_process_runs_a_cuda_module(tmp_path, rng):
+    """Exported for the GPU here (on an H100, the GEMMs on wgmma), run with the runtime alone."""
+    cell, _, path = export_wgmma_gru(CudaTarget.detect(), tmp_path / "gru.so")
+    x, params, states = random_inputs(cell, 3, 64, rng)
+    x, params, states = (x.astype(np.float16), {k: v.astype(np.float16) for k, v in params.items()},
+                         {k: v.astype(np.float16) for k, v in states.items()})
+    y_ref, _ = halstm.reference(cell, x, params, states)
+    y = run_with_runtime_only(path, tmp_path, x, params, states)
+    assert rel_err(y.astype(np.float64), y_ref) < TOLERANCE["float16"]
 
 
 def test_load_refuses_a_mismatch(exported, tmp_path):

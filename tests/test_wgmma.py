@@ -148,3 +148,25 @@ def test_defaults_put_the_hoisted_gemm_on_wgmma(recipe, cell, batch, hidden):
     step_loop = knobs if recipe.name == "cuda-step-loop" else _prologue_knobs(program, H100, knobs)
     assert on_wgmma(step_loop, program, H100) and on_wgmma(step_loop, program, H100, step=True)  # B >= 16
     assert knobs["tc_hoisted_frags"] == recipe.knobs["tc_hoisted_frags"][0]
+
+
+@needs_tensorize
+def test_wmma_knobs_of_gemms_on_wgmma_are_not_searched():
+    """Where both GEMMs run on wgmma their WMMA knobs change nothing: the defaults hold them at their
+    first value, and on tensor cores the space varies only the elementwise kernels' threads. With
+    wgmma off (a switch: ``resolve``) the defaults tune them as before, in both recipes.
+    ResetBeforeGRU's r * h GEMM runs WMMA: its step knobs stay tuned and searched."""
+    recipe = CudaStepLoop()
+    lstm = halstm.lower(halstm.LSTM(1024, 1024), steps=100, batch=256, dtype="float16")
+    on, off = recipe.defaults(lstm, H100), recipe.resolve(lstm, H100, {"wgmma": False})
+    assert all(on[n] == recipe.knobs[n][0] for n in recipe._TENSOR_CORE + recipe._TENSOR_CORE_STEP)
+    assert (off["tc_warps_m"], off["tc_stages"], off["tc_step_k"], off["tc_fill"]) == (4, 4, 64, True)  # run 83's
+    assert recipe.valid(lstm, H100, on) and recipe.valid(lstm, H100, off)
+    wgmma = [k for k in recipe.space(lstm, H100) if k["tensor_cores"] and k["wgmma"]]
+    assert [k["threads"] for k in wgmma] == list(recipe.knobs["threads"])
+    reset = halstm.lower(halstm.ResetBeforeGRU(1024, 1024), steps=100, batch=256, dtype="float16")
+    assert not on_wgmma(recipe.defaults(reset, H100), reset, H100, step=True)
+    assert len({k["tc_step_k"] for k in recipe.space(reset, H100) if k["tensor_cores"] and k["wgmma"]}) > 1
+    persistent = halstm.lower(halstm.LSTM(1024, 1024), steps=100, batch=64, dtype="float16")
+    assert CudaPersistent().defaults(persistent, H100)["tc_hoisted_frags"] == 2  # moot on wgmma
+    assert CudaPersistent().resolve(persistent, H100, {"wgmma": False})["tc_hoisted_frags"] == 4  # 128 x 128 tiles
