@@ -48,7 +48,7 @@ from halstm.lowering import PackedLayout
 from .cuda_tensorcore import (BYTES, WARP, TensorCoreTile, fetches_its_operand, gemm_tensorcore,
                               tensor_cores_available)
 from .recipe import Recipe, child_blocks, inline_elementwise, is_pure_copy, is_reduction, merge_next_states
-from .wgmma import WgmmaTile, gemm_wgmma, takes_operands, wgmma_available, wgmma_tile
+from .wgmma import WgmmaTile, gemm_wgmma, wgmma_available, wgmma_tile
 
 VECTOR = 4  # elements a thread fetches at once into shared memory
 # the step GEMM uses tensor cores from one full 16-row fragment up: below, most of each mma_sync
@@ -239,10 +239,7 @@ class CudaStepLoop(Recipe):
         hoisted = on_wgmma(knobs, program, target)
         step = (on_wgmma(knobs, program, target, step=True)
                 or not use_tensor_cores(knobs, program, target, program.batch))
-        step_knobs = self._TENSOR_CORE_STEP if step else ()
-        if on_wgmma(knobs, program, target, step=True):  # the fused epilogue is wgmma's too
-            step_knobs = tuple(n for n in step_knobs if n != "tc_epilogue")
-        return ((("tc_hoisted_frags", "tc_k") if hoisted else ()) + step_knobs
+        return ((("tc_hoisted_frags", "tc_k") if hoisted else ()) + (self._TENSOR_CORE_STEP if step else ())
                 + (("tc_stages",) if hoisted and step else ()))
 
     def layout(self, program, target, knobs) -> PackedLayout:
@@ -403,19 +400,16 @@ def _step_tiles_fit(knobs: dict, program, target, size: int) -> bool:
 
 def epilogue_units(knobs: dict, program, target) -> int | None:
     """The units a column tile of the first step GEMM holds when its epilogue fuses (tc_epilogue):
-    on tensor cores (``step_gemm_tile``: wgmma's or WMMA's), M, N, K whole tiles, N a whole number G
-    of gates of width H, and the tile's columns G x units with units dividing H; None otherwise."""
+    on WMMA tensor cores, M, N, K whole tiles, N a whole number G of gates of width H, and the tile's
+    columns G x units with units dividing H; None otherwise. Not on wgmma (``on_wgmma``): H100
+    fp16 T=100 (run 83), prepared ms, wgmma and a separate elementwise kernel / WMMA with the math
+    fused / all WMMA: LSTM (100,256,1024) 2.394 / 2.565 / 3.258, (100,64,2048) 2.397 / 2.711 / 3.545
+    (cuDNN 2.174, 2.367 in those processes)."""
     gemm = next(iter(program.plan.step_gemms), None)
-    if gemm is None or not (knobs["tc_epilogue"] and use_tensor_cores(knobs, program, target, program.batch)):
+    if (gemm is None or on_wgmma(knobs, program, target, step=True)
+            or not (knobs["tc_epilogue"] and use_tensor_cores(knobs, program, target, program.batch))):
         return None
-    return _tile_units(step_gemm_tile(knobs, program, target, gemm), gemm, program)
-
-
-def step_gemm_tile(knobs: dict, program, target, gemm) -> WgmmaTile | TensorCoreTile:
-    """The tensor-core tile of step GEMM ``gemm``: wgmma's where it runs there (an operand read as
-    given, ``_wgmma_tile``), else WMMA's."""
-    wgmma = gemm.reads_input and _wgmma_tile(knobs, program, target, program.batch, gemm.rows, gemm.depth)
-    return wgmma or step_tensor_core_tile(knobs, program.batch, gemm.rows, target)
+    return _tile_units(step_tensor_core_tile(knobs, program.batch, gemm.rows, target), gemm, program)
 
 
 def _tile_units(tile: TensorCoreTile, gemm, program) -> int | None:
@@ -432,22 +426,19 @@ def fuse_epilogue(sch: Schedule, gemm, knobs: dict, program, target):
     """The step GEMM ``gemm`` on tensor cores with the elementwise math that reads it in its kernel:
     the loop nest of that math (its next states, merged) tiled bm rows x units a block, the GEMM's
     tile (bm x G * units columns, the gates of those units: ``PackedLayout.units``) computed under
-    it, the math reading the C tile: on WMMA from shared memory (the gates never go to global
-    memory), on wgmma from global memory after the block's barrier (its tile is in L2; wgmma's
-    accumulators leave registers for global memory directly, ``gemm_wgmma``). One kernel a step
-    instead of two. Returns the names of the nest's blocks, none where it does not apply: the layout
-    does not group this GEMM's tile, its operand cannot be fetched on tensor cores
-    (``fetches_its_operand``, ``takes_operands``), or its readers are not one 2-D elementwise nest
-    that reads no later GEMM (ResetBeforeGRU's z gate, read after its second stage's GEMM)."""
+    it, the math reading the C tile from shared memory. One kernel a step instead of two, and the
+    gates never go to global memory. Returns the names of the nest's blocks, none where it does not
+    apply: the layout does not group this GEMM's tile, its operand cannot be fetched on tensor cores
+    (``fetches_its_operand``), or its readers are not one 2-D elementwise nest that reads no later
+    GEMM (ResetBeforeGRU's z gate, read after its second stage's GEMM)."""
     layout, name = program.layout, sch.get(gemm).name_hint
     info = next(g for g in program.plan.gemms if g.name == name)
-    tile = step_gemm_tile(knobs, program, target, info)
-    wgmma = isinstance(tile, WgmmaTile)
+    tile = step_tensor_core_tile(knobs, program.batch, info.rows, target)
     units = _tile_units(tile, info, program) if layout.units else None
     readers = sch.get_consumers(gemm)
     if units is None or units % layout.units or not readers:
         return set()
-    if not (takes_operands(sch, gemm, program.dtype) if wgmma else fetches_its_operand(sch, gemm, tile, program.dtype)):
+    if not fetches_its_operand(sch, gemm, tile, program.dtype):
         return set()
     nest = sch.get_loops(readers[0])
     if len(nest) != 2 or any(not sch.get(sch.get_loops(r)[0]).same_as(sch.get(nest[0])) for r in readers):
@@ -463,18 +454,12 @@ def fuse_epilogue(sch: Schedule, gemm, knobs: dict, program, target):
     sch.reorder(row_block, col_block, row, col)
     block_loop = sch.fuse(row_block, col_block)
     sch.bind(block_loop, "blockIdx.x")
-    if wgmma:  # the kernel's threads: threadIdx.x alone
-        rounds, tx = sch.split(sch.fuse(row, col), [None, tile.threads])
-    else:
-        rounds, ty, tx = sch.split(sch.fuse(row, col), [None, tile.warps_m * tile.warps_n, WARP])
-        sch.bind(ty, "threadIdx.y")
+    rounds, ty, tx = sch.split(sch.fuse(row, col), [None, tile.warps_m * tile.warps_n, WARP])
     sch.unroll(rounds)  # a thread's elements: their loads in flight together
+    sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
     sch.compute_at(gemm, block_loop)
-    if wgmma:
-        gemm_wgmma(sch, gemm, tile, program.dtype, whole=False)
-    else:
-        gemm_tensorcore(sch, gemm, tile, program.dtype, epilogue=True)
+    gemm_tensorcore(sch, gemm, tile, program.dtype, epilogue=True)
     return fused
 
 

@@ -75,10 +75,6 @@ class WgmmaTile:
         return WARPGROUP * self.groups
 
     @property
-    def bk(self) -> int:
-        return BK
-
-    @property
     def ahead(self) -> int:
         return self.stages - 2 if self.in_flight else self.stages - 1
 
@@ -112,38 +108,21 @@ def wgmma_tile(rows: int, cols: int, target) -> WgmmaTile:
     return step if cols % 128 == 0 and 2 * step.blocks(rows, cols) > target.sms else WgmmaTile(1, 64, 4, False)
 
 
-def takes_operands(sch: Schedule, block, dtype: str) -> bool:
-    """Whether ``block``'s operands are plain ``dtype`` buffers, A perhaps through copies that
-    ``gemm_wgmma`` inlines (a computed operand, r * h, is not)."""
-    a_buffer, w_buffer = (r.source for r in sch.get(block).reads[:2])
-    producers = _a_producers(sch, block)
-    a_source = sch.get(producers[0]).reads[0].source if producers else a_buffer
-    return (w_buffer.dtype == dtype and a_source.dtype == dtype
-            and all(is_pure_copy(sch, p) and len(sch.get_consumers(p)) == 1 for p in producers))
-
-
-def _a_producers(sch: Schedule, block) -> list:
-    a_buffer = sch.get(block).reads[0].source
-    return [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer)]
-
-
-def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str, whole: bool = True) -> bool:
+def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
     """``block`` (C[b, n] += A[b, k] * W[k, n], fp32, loops b, n, k) as the wgmma kernel, a copy
     feeding A inlined (A is read where the copy reads it). W packed in this scope is laid out (N, K)
     (transform_layout; its packing becomes a copy): wgmma's K-major operand, the layout measured in
     run 79. Weights packed elsewhere (the step's, packed by the prologue: transform_layout refuses a
     buffer of the whole function) are read (K, N), wgmma's MN-major operand. Returns False, leaving
-    the block alone, where the operands are not plain ``dtype`` buffers (``takes_operands``).
-
-    ``whole``: the block is the whole GEMM, the kernel launches its grid. Else it is one tile (the
-    tile's rows and columns, all of K) that the caller placed under its block loop (compute_at),
-    before the elementwise math that reads C (cuda.py, ``fuse_epilogue``): the block's threads
-    compute the tile, store C and meet at a barrier, then read C."""
-    if not takes_operands(sch, block, dtype):
+    the block alone, where the operands are not plain ``dtype`` buffers."""
+    a_buffer, w_buffer = (r.source for r in sch.get(block).reads[:2])
+    producers = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer)]
+    a_source = sch.get(producers[0]).reads[0].source if producers else a_buffer
+    if (w_buffer.dtype != dtype or a_source.dtype != dtype
+            or any(not is_pure_copy(sch, p) or len(sch.get_consumers(p)) > 1 for p in producers)):
         return False
-    for producer in _a_producers(sch, block):
+    for producer in producers:
         sch.compute_inline(producer)
-    w_buffer = sch.get(block).reads[1].source
     rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-3:])
     k_by_n = sch.get(block).reads[1].region[0].min.same_as(sch.get(block).iter_vars[2].var)  # W[k, n]
     packings = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(w_buffer)]
@@ -155,7 +134,7 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str, whole: bool = 
         k_by_n = False
     init = sch.decompose_reduction(block, sch.get_loops(block)[-3])
     sch.tensorize(sch.get_loops(init)[-2], _register_fill(rows, cols))
-    sch.tensorize(sch.get_loops(block)[-3], _register_gemm(rows, cols, depth, dtype, tile, k_by_n, whole))
+    sch.tensorize(sch.get_loops(block)[-3], _register_gemm(rows, cols, depth, dtype, tile, k_by_n))
     return True
 
 
@@ -176,8 +155,7 @@ def _register_fill(rows: int, cols: int) -> str:
 
     @T.prim_func(s_tir=True)
     def impl(c: T.handle):
-        s1, s0 = T.int32(), T.int32()
-        C = T.match_buffer(c, (rows, cols), "float32", offset_factor=1, strides=[s1, s0])
+        C = T.match_buffer(c, (rows, cols), "float32", offset_factor=1)
         with T.sblock("root"):
             T.reads()
             T.writes(C[0:rows, 0:cols])
@@ -188,9 +166,9 @@ def _register_fill(rows: int, cols: int) -> str:
 
 
 @functools.cache
-def _register_gemm(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool, whole: bool) -> str:
+def _register_gemm(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool) -> str:
     name = (f"halstm_wgmma_{M}x{N}x{K}_{dtype}_{tile.groups}x{tile.bn}_{tile.stages}{'f' if tile.in_flight else ''}"
-            f"{'_kn' if k_by_n else ''}{'' if whole else '_tile'}")
+            f"{'_kn' if k_by_n else ''}")
     w_shape = (K, N) if k_by_n else (N, K)
 
     @T.prim_func(s_tir=True)
@@ -207,13 +185,12 @@ def _register_gemm(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: 
                     C[vi, vj] = C[vi, vj] + T.Cast("float32", A[vi, vk]) * T.Cast(
                         "float32", W[vk, vj] if k_by_n else W[vj, vk])
 
-    TensorIntrin.register(name, desc, _kernel(M, N, K, dtype, tile, k_by_n, whole), override=True)
+    TensorIntrin.register(name, desc, _kernel(M, N, K, dtype, tile, k_by_n), override=True)
     return name
 
 
-def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool, whole: bool):
-    """The kernel as the intrinsic's implementation (same buffers as its description, any strides):
-    with ``whole`` its grid, else one block's tile (``gemm_wgmma``). W (N, K) is
+def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool):
+    """The kernel as the intrinsic's implementation (same buffers as its description). W (N, K) is
     staged K-major: a W tile is bn rows of 128 bytes, as A's. W (K, N) is staged MN-major: 8 K rows
     of 64 columns (1024 bytes, swizzled as A's rows) an atom, the atoms of a K group side by side
     along N, the K groups after one another; its descriptor's leading offset is the atoms' distance
@@ -257,67 +234,56 @@ def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool, w
                     T.address_of(smem[slot * stage + a_tile + r * BK + T.bitwise_xor(c % 8, r % 8) * 8]),
                     T.address_of(W[n0 + r, kt * BK + c % 8 * 8]), 16, T.uint32(16))
 
-    @T.macro
-    def gemm_tile(A, W, C, tx, m0, n0):
-        smem = T.alloc_buffer((stages * stage,), dtype, scope="shared.dyn")
-        acc = T.alloc_buffer((acc_n,), "float32", scope="local")
-        a_desc = T.alloc_buffer((1,), "uint64", scope="local")
-        w_desc = T.alloc_buffer((1,), "uint64", scope="local")
-        group = T.meta_var(tx // WARPGROUP)
-        for s in T.unroll(ahead):
-            fetch(smem, A, W, tx, m0, n0, s, s)
-            T.ptx["cp.async.commit_group"]()
-        for i in T.unroll(acc_n):
-            acc[i] = T.float32(0)
-        # K-major, 128-byte swizzle: 8-row groups 1024 bytes apart (16-byte units: 64)
-        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(a_desc[0]), T.address_of(smem[group * ROWS * BK]),
-                                              1, 64, SWIZZLE_128B)
-        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(w_desc[0]), T.address_of(smem[a_tile]),
-                                              w_ldo if k_by_n else 1, w_sdo if k_by_n else 64, SWIZZLE_128B)
-        for kt in range(K // BK):
-            T.ptx["cp.async.wait_group"](ahead - 1)
-            T.ptx.fence.proxy.async_.shared__cta()  # the copies' writes, seen by wgmma's reads
-            T.tvm_storage_sync("shared")
-            if kt + ahead < K // BK:
-                fetch(smem, A, W, tx, m0, n0, (kt + ahead) % stages, kt + ahead)
-            T.ptx["cp.async.commit_group"]()
-            T.ptx.wgmma.fence.sync.aligned()
-            for kk in T.unroll(BK // 16):
-                # the descriptors' start address (16-byte units) moved to the stage and k16 step
-                T.ptx[mma](*[acc[i] for i in range(acc_n)],
-                           a_desc[0] + T.Cast("uint64", (kt % stages * stage * size + kk * 32) // 16),
-                           w_desc[0] + T.Cast("uint64", (kt % stages * stage * size + kk * k16_bytes) // 16),
-                           T.ptx.pred(T.Or(kt > 0, kk > 0)), 1, 1, 0, 1 if k_by_n else 0)
-            T.ptx.wgmma.commit_group.sync.aligned()
-            T.ptx.wgmma.wait_group.sync.aligned(1 if tile.in_flight else 0)
-        T.ptx.wgmma.wait_group.sync.aligned(0)
-        # the accumulator fragment: warp w of the group, lane l, register i
-        warp = T.meta_var(tx % WARPGROUP // 32)
-        lane = T.meta_var(tx % 32)
-        for i in T.unroll(acc_n):
-            row = T.meta_var(m0 + group * ROWS + warp * 16 + lane // 4 + i // 2 % 2 * 8)
-            if row < M:
-                C[row, n0 + i // 4 * 8 + lane % 4 * 2 + i % 2] = acc[i]
-
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, w: T.handle, c: T.handle):
-        a1, a0, w1, w0, c1, c0 = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
-        A = T.match_buffer(a, (M, K), dtype, offset_factor=1, strides=[a1, a0])
-        W = T.match_buffer(w, w_shape, dtype, offset_factor=1, strides=[w1, w0])
-        C = T.match_buffer(c, (M, N), "float32", offset_factor=1, strides=[c1, c0])
+        A = T.match_buffer(a, (M, K), dtype, offset_factor=1)
+        W = T.match_buffer(w, w_shape, dtype, offset_factor=1)
+        C = T.match_buffer(c, (M, N), "float32", offset_factor=1)
         with T.sblock("root"):
             T.reads(C[0:M, 0:N], A[0:M, 0:K], W[0:w_shape[0], 0:w_shape[1]])
             T.writes(C[0:M, 0:N])
-            if whole:
-                bx = T.launch_thread("blockIdx.x", -(-M // bm) * col_tiles)
-                m0 = T.meta_var(bx // col_tiles * bm)
-                n0 = T.meta_var(bx % col_tiles * bn)
-            else:
-                m0 = T.meta_var(0)
-                n0 = T.meta_var(0)
+            bx = T.launch_thread("blockIdx.x", -(-M // bm) * col_tiles)
             tx = T.launch_thread("threadIdx.x", threads)
-            gemm_tile(A, W, C, tx, m0, n0)
-            if not whole:
-                T.tvm_storage_sync("shared")  # C's tile stored before the block's threads read it
+            smem = T.alloc_buffer((stages * stage,), dtype, scope="shared.dyn")
+            acc = T.alloc_buffer((acc_n,), "float32", scope="local")
+            a_desc = T.alloc_buffer((1,), "uint64", scope="local")
+            w_desc = T.alloc_buffer((1,), "uint64", scope="local")
+            m0 = T.meta_var(bx // col_tiles * bm)
+            n0 = T.meta_var(bx % col_tiles * bn)
+            group = T.meta_var(tx // WARPGROUP)
+            for s in T.unroll(ahead):
+                fetch(smem, A, W, tx, m0, n0, s, s)
+                T.ptx["cp.async.commit_group"]()
+            for i in T.unroll(acc_n):
+                acc[i] = T.float32(0)
+            # K-major, 128-byte swizzle: 8-row groups 1024 bytes apart (16-byte units: 64)
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(a_desc[0]), T.address_of(smem[group * ROWS * BK]),
+                                                  1, 64, SWIZZLE_128B)
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(w_desc[0]), T.address_of(smem[a_tile]),
+                                                  w_ldo if k_by_n else 1, w_sdo if k_by_n else 64, SWIZZLE_128B)
+            for kt in range(K // BK):
+                T.ptx["cp.async.wait_group"](ahead - 1)
+                T.ptx.fence.proxy.async_.shared__cta()  # the copies' writes, seen by wgmma's reads
+                T.tvm_storage_sync("shared")
+                if kt + ahead < K // BK:
+                    fetch(smem, A, W, tx, m0, n0, (kt + ahead) % stages, kt + ahead)
+                T.ptx["cp.async.commit_group"]()
+                T.ptx.wgmma.fence.sync.aligned()
+                for kk in T.unroll(BK // 16):
+                    # the descriptors' start address (16-byte units) moved to the stage and k16 step
+                    T.ptx[mma](*[acc[i] for i in range(acc_n)],
+                               a_desc[0] + T.Cast("uint64", (kt % stages * stage * size + kk * 32) // 16),
+                               w_desc[0] + T.Cast("uint64", (kt % stages * stage * size + kk * k16_bytes) // 16),
+                               T.ptx.pred(T.Or(kt > 0, kk > 0)), 1, 1, 0, 1 if k_by_n else 0)
+                T.ptx.wgmma.commit_group.sync.aligned()
+                T.ptx.wgmma.wait_group.sync.aligned(1 if tile.in_flight else 0)
+            T.ptx.wgmma.wait_group.sync.aligned(0)
+            # the accumulator fragment: warp w of the group, lane l, register i
+            warp = T.meta_var(tx % WARPGROUP // 32)
+            lane = T.meta_var(tx % 32)
+            for i in T.unroll(acc_n):
+                row = T.meta_var(m0 + group * ROWS + warp * 16 + lane // 4 + i // 2 % 2 * 8)
+                if row < M:
+                    C[row, n0 + i // 4 * 8 + lane % 4 * 2 + i % 2] = acc[i]
 
     return impl

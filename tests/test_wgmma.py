@@ -1,8 +1,6 @@
 """The Hopper wgmma GEMM (schedules/wgmma.py): the IR before and after, where it applies, and (GPU)
 its results against NumPy in float64 for every tile the recipes choose."""
 
-import itertools
-import re
 import shutil
 
 import numpy as np
@@ -12,7 +10,7 @@ from tvm.runtime import from_dlpack
 from tvm.s_tir import Schedule
 
 import halstm
-from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
+from conftest import assert_nvcc_compiles, gpu_available
 from halstm.schedules import CudaPersistent, CudaStepLoop
 from halstm.schedules.cuda import on_wgmma
 from halstm.schedules.cuda_persistent import _prologue_knobs
@@ -155,8 +153,7 @@ def test_defaults_put_the_hoisted_gemm_on_wgmma(recipe, cell, batch, hidden):
 @needs_tensorize
 def test_wmma_knobs_of_gemms_on_wgmma_are_not_searched():
     """Where both GEMMs run on wgmma their WMMA knobs change nothing: the defaults hold them at their
-    first value, and on tensor cores the space varies only the elementwise kernels' threads and
-    whether the step's math fuses into its GEMM's kernel (tc_epilogue). With
+    first value, and on tensor cores the space varies only the elementwise kernels' threads. With
     wgmma off (a switch: ``resolve``) the defaults tune them as before, in both recipes.
     ResetBeforeGRU's r * h GEMM runs WMMA: its step knobs stay tuned and searched."""
     recipe = CudaStepLoop()
@@ -166,57 +163,10 @@ def test_wmma_knobs_of_gemms_on_wgmma_are_not_searched():
     assert (off["tc_warps_m"], off["tc_stages"], off["tc_step_k"], off["tc_fill"]) == (4, 4, 64, True)  # run 83's
     assert recipe.valid(lstm, H100, on) and recipe.valid(lstm, H100, off)
     wgmma = [k for k in recipe.space(lstm, H100) if k["tensor_cores"] and k["wgmma"]]
-    assert sorted((k["threads"], k["tc_epilogue"]) for k in wgmma) == sorted(
-        itertools.product(recipe.knobs["threads"], recipe.knobs["tc_epilogue"]))
+    assert [k["threads"] for k in wgmma] == list(recipe.knobs["threads"])
     reset = halstm.lower(halstm.ResetBeforeGRU(1024, 1024), steps=100, batch=256, dtype="float16")
     assert not on_wgmma(recipe.defaults(reset, H100), reset, H100, step=True)
     assert len({k["tc_step_k"] for k in recipe.space(reset, H100) if k["tensor_cores"] and k["wgmma"]}) > 1
     persistent = halstm.lower(halstm.LSTM(1024, 1024), steps=100, batch=64, dtype="float16")
     assert CudaPersistent().defaults(persistent, H100)["tc_hoisted_frags"] == 2  # moot on wgmma
     assert CudaPersistent().resolve(persistent, H100, {"wgmma": False})["tc_hoisted_frags"] == 4  # 128 x 128 tiles
-
-
-def step_kernels(f) -> list[str]:
-    """The CUDA source of each kernel of compiled function ``f``."""
-    source = f.module.mod.imports[0].inspect_source()
-    return source.split('extern "C" __global__')[1:]
-
-
-@needs_tensorize
-@pytest.mark.parametrize("epilogue", [True, False])
-def test_the_step_math_fuses_into_the_wgmma_kernel(epilogue):
-    """LSTM at B=256, H=1024: the step GEMM's tiles (64 rows by 128 columns: the 4 gates of 32
-    units, ``PackedLayout.units``) are computed by the wgmma kernel, stored, and after the block's
-    barrier its threads compute h and c of those units: one kernel a step. Without tc_epilogue the
-    math is a kernel of its own."""
-    program = halstm.lower(halstm.LSTM(1024, 1024), steps=3, batch=256, dtype="float16")
-    knobs = {"tc_epilogue": epilogue}
-    assert CudaStepLoop().layout(program, H100, CudaStepLoop().resolve(program, H100, knobs)).units == (32 if epilogue else None)
-    f = halstm.compile(halstm.LSTM(1024, 1024), 3, 256, "float16", target=H100, recipe="cuda-step-loop", knobs=knobs)
-    step = [k for k in step_kernels(f) if "gemm0_ptr[" in k]  # the kernels that write or read the gates
-    assert len(step) == (1 if epilogue else 2)
-    assert "m64n128k16" in step[0] and bool(re.search(r"h_seq_ptr\[[^\]]*\] = ", step[0])) == epilogue  # h stored
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
-@pytest.mark.parametrize("cell", [halstm.LSTM, halstm.PeepholeLSTM], ids=lambda c: c.__name__)
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_fused_wgmma_step_matches_float64_on_gpu(cell, dtype, rng):
-    """The step's math in the wgmma kernel (two row tiles, 16 column tiles of 4 gates x 32 units)
-    against float64, with fresh inputs."""
-    torch = pytest.importorskip("torch")
-    target = CudaTarget.detect()
-    if not wgmma_available(dtype, target):
-        pytest.skip("not a Hopper GPU")
-    T, B, H = 6, 128, 512
-    c = cell(H, H)
-    f = halstm.compile(c, T, B, dtype, target=target, recipe="cuda-step-loop")
-    assert f.program.layout.units
-    x, params, states = random_inputs(c, T, B, rng, dtype)
-    to_gpu = lambda a: torch.from_numpy(np.asarray(a, np.float32)).to(getattr(torch, dtype)).cuda()
-    y, final = f(to_gpu(x), {k: to_gpu(v) for k, v in params.items()}, {k: to_gpu(v) for k, v in states.items()})
-    want_y, want_states = halstm.reference(c, np.asarray(x, np.float64), upcast(params), upcast(states))
-    assert rel_err(y.float().cpu().numpy(), want_y) < TOLERANCE[dtype]
-    for s in c.states:
-        assert rel_err(final[s].float().cpu().numpy(), want_states[s]) < TOLERANCE[dtype]
