@@ -404,7 +404,12 @@ def epilogue_units(knobs: dict, program, target) -> int | None:
     columns G x units with units dividing H; None otherwise. Not on wgmma (``on_wgmma``): H100
     fp16 T=100 (run 83), prepared ms, wgmma and a separate elementwise kernel / WMMA with the math
     fused / all WMMA: LSTM (100,256,1024) 2.394 / 2.565 / 3.258, (100,64,2048) 2.397 / 2.711 / 3.545
-    (cuDNN 2.174, 2.367 in those processes)."""
+    (cuDNN 2.174, 2.367 in those processes; run 83's WMMA builds had the hoisted GEMM's fragments at
+    their first value). Nor fused into the wgmma kernel (tried in de7e7d6: its C tile stored, a
+    barrier, then the math of its units; run 86, prepared ms fused / separate: LSTM (100,256,1024)
+    2.685 / 2.377, PeepholeLSTM 2.670 / 2.286, LSTM (100,64,2048) 2.402 / 2.399): its step kernel
+    took 18.8 us against 10.5 + 3.6 for the two, 128 threads a block (one block an SM) doing the
+    math's loads with far less latency hidden than the elementwise kernel's."""
     gemm = next(iter(program.plan.step_gemms), None)
     if (gemm is None or on_wgmma(knobs, program, target, step=True)
             or not (knobs["tc_epilogue"] and use_tensor_cores(knobs, program, target, program.batch))):
