@@ -102,13 +102,19 @@ class CudaStepLoop(Recipe):
         # kernel of its own (tc_epilogue applies to WMMA: epilogue_units). H100 fp16 T=100 (run
         # 83), prepared ms, wgmma / WMMA: GRU (100,256,1024) 2.078 / 2.964 (cuDNN 2.255)
         "wgmma": (True, False),
+        # the wgmma tiles (WgmmaTile.name: warpgroups x columns x stages, "f": a group in flight) of
+        # the hoisted GEMMs and of the step's; "auto": wgmma_tile's choice for the shape, the fastest
+        # of these in run 79 (H100, the GEMMs alone, us: 25600 x 4096 x 1024 573 / 577 / 701 / 722,
+        # 256 x 4096 x 1024 10.5 / 10.9 / 12.4, 64 x 8192 x 2048 11.7 / 11.1 / 16.8)
+        "wgmma_hoisted": ("auto", "2x256x4f", "2x128x5f", "1x128x6f", "1x64x4"),
+        "wgmma_step": ("auto", "1x128x6f", "1x64x4", "2x128x5f"),
     }
     _FFMA_STEP = ("block_rows", "block_cols", "thread_rows", "thread_cols", "k_chunk")
     _FFMA_HOISTED = ("hoisted_block", "hoisted_thread")
     _TENSOR_CORE = ("tc_hoisted_frags", "tc_k", "tc_stages")
     _TENSOR_CORE_STEP = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_step_k", "tc_prefetch", "tc_fill",
                          "tc_epilogue")
-    _WGMMA = ("wgmma",)
+    _WGMMA = ("wgmma", "wgmma_hoisted", "wgmma_step")
     switches = ("tensor_cores", "wgmma")
 
     def is_applicable(self, program, target) -> bool:
@@ -190,10 +196,19 @@ class CudaStepLoop(Recipe):
         return {n: narrow[n] for n in self._TENSOR_CORE_STEP} if narrow else {}
 
     def valid(self, program, target, knobs) -> bool:
-        """It runs; knobs of a GEMM schedule that does not run stay at their first value (they
-        would only repeat a candidate)."""
+        """It runs; knobs of a GEMM schedule that does not run stay at their first value, and a
+        wgmma tile named is not the one "auto" picks for every GEMM of its kind (each would only
+        repeat a candidate)."""
         return (all(knobs[name] == self.knobs[name][0] for name in self._unused(program, target, knobs))
+                and not any(self._repeats_auto(program, target, knobs, step) for step in (False, True))
                 and self.runs(program, target, knobs))
+
+    def _repeats_auto(self, program, target, knobs, step: bool) -> bool:
+        name = knobs["wgmma_step" if step else "wgmma_hoisted"]
+        rows = program.batch if step else program.steps * program.batch
+        gemms = program.plan.step_gemms if step else program.plan.hoisted
+        return name != "auto" and all(_chosen_tile(knobs, rows, g.rows, target, step).name == name
+                                      and wgmma_tile(rows, g.rows, target).name == name for g in gemms)
 
     def runs(self, program, target, knobs) -> bool:
         """The tiles that run fit: the hoisted GEMM's (tensor cores or FFMA), the step GEMM's FFMA
@@ -228,7 +243,11 @@ class CudaStepLoop(Recipe):
         if not use_tensor_cores(knobs, program, target):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA
         step_tc = use_tensor_cores(knobs, program, target, program.batch)
-        wgmma = () if wgmma_available(program.dtype, target) else self._WGMMA
+        if not wgmma_available(program.dtype, target):
+            wgmma = self._WGMMA
+        else:  # a tile knob of GEMMs off wgmma (or whose tile does not fit) changes nothing
+            wgmma = tuple(f"wgmma_{kind}" for kind, step in (("hoisted", False), ("step", True))
+                          if not on_wgmma(knobs, program, target, step))
         return (self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else ()) + self._moot_wmma(program, target, knobs)
                 + wgmma)
 
@@ -476,16 +495,22 @@ def on_wgmma(knobs: dict, program, target, step: bool = False) -> bool:
     rows = program.batch if step else program.steps * program.batch
     gemms = program.plan.step_gemms if step else program.plan.hoisted
     return (use_tensor_cores(knobs, program, target, rows if step else None)
-            and all(g.reads_input and _wgmma_tile(knobs, program, target, rows, g.rows, g.depth) for g in gemms))
+            and all(g.reads_input and _wgmma_tile(knobs, program, target, rows, g.rows, g.depth, step)
+                    for g in gemms))
 
 
-def _wgmma_tile(knobs: dict, program, target, rows: int, cols: int, depth: int) -> WgmmaTile | None:
-    """The wgmma tile of a rows x cols x depth GEMM where the knob is on, the target and dtype have
-    wgmma and the tile fits; else None."""
+def _wgmma_tile(knobs: dict, program, target, rows: int, cols: int, depth: int, step: bool) -> WgmmaTile | None:
+    """The wgmma tile of a rows x cols x depth GEMM (a step's with ``step``) where the knob is on,
+    the target and dtype have wgmma and the tile (wgmma_hoisted, wgmma_step) fits; else None."""
     if not (knobs["wgmma"] and wgmma_available(program.dtype, target)):
         return None
-    tile = wgmma_tile(rows, cols, target)
+    tile = _chosen_tile(knobs, rows, cols, target, step)
     return tile if tile.fits(cols, depth, program.dtype, target) else None
+
+
+def _chosen_tile(knobs: dict, rows: int, cols: int, target, step: bool) -> WgmmaTile:
+    name = knobs["wgmma_step" if step else "wgmma_hoisted"]
+    return wgmma_tile(rows, cols, target) if name == "auto" else WgmmaTile.parse(name)
 
 
 def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None) -> bool:
@@ -503,7 +528,7 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     rows = program.batch if step else program.steps * program.batch
     if use_tensor_cores(knobs, program, target, rows if step else None):
         cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-2:])
-        wgmma = _wgmma_tile(knobs, program, target, rows, cols, depth)
+        wgmma = _wgmma_tile(knobs, program, target, rows, cols, depth, step)
         if wgmma is not None and gemm_wgmma(sch, block, wgmma, program.dtype):
             return
         if step:

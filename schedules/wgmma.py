@@ -17,17 +17,19 @@ operands, one kernel that a schedule tensorizes a whole GEMM block with (``gemm_
 WMMA (cuda_tensorcore.py) reaches the tensor cores through warp-level mma.sync, whose operands every
 warp first loads from shared memory into registers; wgmma reads both from shared memory itself, a
 warpgroup at a time, and runs asynchronously to the issuing threads. H100, the kernels alone
-(``benchmarks/gemm_tiles.py``, docs/gpu-runs/2026-11-25-run79-wgmma-gemm.md), us, fp16:
+(``benchmarks/gemm_tiles.py``, docs/gpu-runs/2026-11-25-run79-wgmma-gemm.md and run 89), us, fp16:
 
-    GEMM (M x N x K)        WMMA (recipe default)   wgmma (wgmma_tile)   cuBLAS
-    25600 x 4096 x 1024     697                     573                  307
-    6400 x 8192 x 2048      723                     501                  297
-    256 x 4096 x 1024       14.7                    10.5                 6.7
-    64 x 8192 x 2048        17.2                    11.1                 9.7
+    GEMM (M x N x K)        WMMA (recipe default)   wgmma (wgmma_tile)   wgmma, C 8 bytes a store   cuBLAS
+    25600 x 4096 x 1024     697                     573                  387                        300-307
+    6400 x 8192 x 2048      723                     501                                             297
+    256 x 4096 x 1024       14.7                    10.5                 7.3                        5.8-6.7
+    64 x 8192 x 2048        17.2                    11.1                                            9.7
 
-bf16 the same for wgmma and cuBLAS; WMMA's bf16 took 988-1012 us on the large GEMMs. cuBLAS keeps a 2x
-lead on the large GEMMs: its kernels also load tiles by TMA, in thread-block clusters, with warps
-that only load (warp specialisation); TVM 0.27 offers those as raw PTX too, not done here.
+Storing each thread's two adjacent accumulators with one 8-byte store instead of two 4-byte ones
+(run 89) took a third off: the fp32 C of the hoisted GEMM is 420 MB. bf16 the same for wgmma and
+cuBLAS; WMMA's bf16 took 988-1012 us on the large GEMMs. cuBLAS keeps a lead: its kernels also load
+tiles by TMA, in thread-block clusters, with warps that only load (warp specialisation), and write
+C in fp16; TVM 0.27 offers those as raw PTX too, not done here.
 
 The kernel is written in TVMScript with TVM's ``T.ptx`` instructions (wgmma.mma_async, cp.async) and
 registered as a tensor intrinsic per shape and tile. It replaces the GEMM's update; the GEMM's
@@ -65,6 +67,16 @@ class WgmmaTile:
     bn: int
     stages: int
     in_flight: bool
+
+    @classmethod
+    def parse(cls, name: str) -> WgmmaTile:
+        """The tile ``name`` names: "2x256x4f" is 2 warpgroups by 256 columns, 4 stages, a group in flight."""
+        groups, bn, stages = name.rstrip("f").split("x")
+        return cls(int(groups), int(bn), int(stages), name.endswith("f"))
+
+    @property
+    def name(self) -> str:
+        return f"{self.groups}x{self.bn}x{self.stages}{'f' if self.in_flight else ''}"
 
     @property
     def bm(self) -> int:
@@ -281,9 +293,9 @@ def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool):
             # the accumulator fragment: warp w of the group, lane l, register i
             warp = T.meta_var(tx % WARPGROUP // 32)
             lane = T.meta_var(tx % 32)
-            for i in T.unroll(acc_n):
-                row = T.meta_var(m0 + group * ROWS + warp * 16 + lane // 4 + i // 2 % 2 * 8)
+            for j in T.unroll(acc_n // 2):  # registers 2j, 2j + 1: two adjacent columns, one 8-byte store
+                row = T.meta_var(m0 + group * ROWS + warp * 16 + lane // 4 + j % 2 * 8)
                 if row < M:
-                    C[row, n0 + i // 4 * 8 + lane % 4 * 2 + i % 2] = acc[i]
+                    C[row, T.Ramp(n0 + j // 2 * 8 + lane % 4 * 2, 1, 2)] = acc[T.Ramp(2 * j, 1, 2)]
 
     return impl

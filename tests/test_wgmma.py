@@ -1,6 +1,7 @@
 """The Hopper wgmma GEMM (schedules/wgmma.py): the IR before and after, where it applies, and (GPU)
 its results against NumPy in float64 for every tile the recipes choose."""
 
+import itertools
 import shutil
 
 import numpy as np
@@ -153,7 +154,8 @@ def test_defaults_put_the_hoisted_gemm_on_wgmma(recipe, cell, batch, hidden):
 @needs_tensorize
 def test_wmma_knobs_of_gemms_on_wgmma_are_not_searched():
     """Where both GEMMs run on wgmma their WMMA knobs change nothing: the defaults hold them at their
-    first value, and on tensor cores the space varies only the elementwise kernels' threads. With
+    first value, and on tensor cores the space varies only the wgmma tiles and the elementwise
+    kernels' threads. With
     wgmma off (a switch: ``resolve``) the defaults tune them as before, in both recipes.
     ResetBeforeGRU's r * h GEMM runs WMMA: its step knobs stay tuned and searched."""
     recipe = CudaStepLoop()
@@ -163,10 +165,32 @@ def test_wmma_knobs_of_gemms_on_wgmma_are_not_searched():
     assert (off["tc_warps_m"], off["tc_stages"], off["tc_step_k"], off["tc_fill"]) == (4, 4, 64, True)  # run 83's
     assert recipe.valid(lstm, H100, on) and recipe.valid(lstm, H100, off)
     wgmma = [k for k in recipe.space(lstm, H100) if k["tensor_cores"] and k["wgmma"]]
-    assert [k["threads"] for k in wgmma] == list(recipe.knobs["threads"])
+    assert sorted((k["threads"], k["wgmma_hoisted"], k["wgmma_step"]) for k in wgmma) == sorted(itertools.product(
+        recipe.knobs["threads"], ("auto", "2x128x5f", "1x128x6f", "1x64x4"), ("auto", "1x64x4", "2x128x5f")))
     reset = halstm.lower(halstm.ResetBeforeGRU(1024, 1024), steps=100, batch=256, dtype="float16")
     assert not on_wgmma(recipe.defaults(reset, H100), reset, H100, step=True)
     assert len({k["tc_step_k"] for k in recipe.space(reset, H100) if k["tensor_cores"] and k["wgmma"]}) > 1
     persistent = halstm.lower(halstm.LSTM(1024, 1024), steps=100, batch=64, dtype="float16")
     assert CudaPersistent().defaults(persistent, H100)["tc_hoisted_frags"] == 2  # moot on wgmma
     assert CudaPersistent().resolve(persistent, H100, {"wgmma": False})["tc_hoisted_frags"] == 4  # 128 x 128 tiles
+
+
+@needs_tensorize
+def test_the_wgmma_tiles_are_knobs():
+    """wgmma_hoisted and wgmma_step name a tile (WgmmaTile.name) or leave it to wgmma_tile ("auto"):
+    the tile named is the kernel built; one that "auto" picks anyway, or that does not fit, is not a
+    valid setting (a repeat, or a GEMM off wgmma)."""
+    assert WgmmaTile.parse("2x128x5f") == WgmmaTile(2, 128, 5, True) and WgmmaTile(1, 64, 4, False).name == "1x64x4"
+    recipe = CudaStepLoop()
+    program = halstm.lower(halstm.GRU(256, 256), steps=4, batch=64, dtype="float16")
+    auto = recipe.defaults(program, H100)
+    assert (auto["wgmma_hoisted"], auto["wgmma_step"]) == ("auto", "auto")
+    step = recipe.resolve(program, H100, {"wgmma_step": "1x128x6f"})  # auto's: 1 x 64 (128 columns: 6 blocks)
+    assert recipe.valid(program, H100, step) and on_wgmma(step, program, H100, step=True)
+    script = recipe.apply(program, H100, **step).mod.script()
+    assert '"m64n128k16"' in script and '"m64n64k16"' in script  # the step's tile, the hoisted GEMM's
+    assert not recipe.valid(program, H100, recipe.resolve(program, H100, {"wgmma_step": "1x64x4"}))  # auto's
+    assert not recipe.valid(program, H100, recipe.resolve(program, H100, {"wgmma_step": "2x128x5f", "wgmma": False}))
+    ragged = halstm.lower(halstm.GRU(320, 320), steps=4, batch=64, dtype="float16")
+    wide = recipe.resolve(ragged, H100, {"wgmma_hoisted": "2x256x4f"})  # 960 columns: not whole 256s
+    assert on_wgmma(auto, ragged, H100) and not on_wgmma(wide, ragged, H100) and not recipe.valid(ragged, H100, wide)
