@@ -18,7 +18,7 @@ lowering (the packed weight layout), which its search space cannot express. So h
 its own recipes' knobs, small grids that the recipes prune, and measures whole sequences. Where one
 operator would fit, the hoisted input GEMM, meta_schedule's tensor-core search (64 trials in a 214 s
 call, H100, fp16 25600 x 4096 x 1024) found 1056 us against the recipe's WMMA schedule at 678-708 us
-(docs/gpu-results.md "sixteenth run") and its wgmma kernel at 569-579 us ("seventeenth run"): its
+(docs/gpu-results.md "sixteenth run") and its wgmma kernel at 387 us ("eighteenth run"): its
 tensor-core rules know WMMA's intrinsics, not Hopper's wgmma.
 """
 

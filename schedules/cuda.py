@@ -104,8 +104,10 @@ class CudaStepLoop(Recipe):
         "wgmma": (True, False),
         # the wgmma tiles (WgmmaTile.name: warpgroups x columns x stages, "f": a group in flight) of
         # the hoisted GEMMs and of the step's; "auto": wgmma_tile's choice for the shape, the fastest
-        # of these in run 79 (H100, the GEMMs alone, us: 25600 x 4096 x 1024 573 / 577 / 701 / 722,
-        # 256 x 4096 x 1024 10.5 / 10.9 / 12.4, 64 x 8192 x 2048 11.7 / 11.1 / 16.8)
+        # of these alone (H100 fp16, us, run 79: 25600 x 4096 x 1024 573 / 577 / 701 / 722, 64 x 8192
+        # x 2048 11.7 / 11.1 / 16.8; run 89, 8-byte stores: 25600 x 4096 x 1024 387 / 422, 256 x 4096
+        # x 1024 7.3 / 7.7 / 9.0). In the recipe (run 89, LSTM (100,256,1024)) the step's 1x64x4
+        # measured 1.811 ms against auto's 1.904, equal in the tuner's side-by-side: a shape's tune decides
         "wgmma_hoisted": ("auto", "2x256x4f", "2x128x5f", "1x128x6f", "1x64x4"),
         "wgmma_step": ("auto", "1x128x6f", "1x64x4", "2x128x5f"),
     }
