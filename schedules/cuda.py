@@ -132,13 +132,12 @@ class CudaStepLoop(Recipe):
         k = super().defaults(program, target, switches)
         if target is not None and use_tensor_cores(k, program, target):
             k.update(_pipelined(k, program, target))
-        if target is not None and use_tensor_cores(k, program, target, program.batch):
-            # the FFMA step knobs stay at their first value, as valid() wants of unused knobs; so do
-            # the WMMA knobs of GEMMs on wgmma
-            k.update(self._step_tensor_core_defaults(program, target, k))
-            return {**k, **{n: self.knobs[n][0] for n in self._moot_wmma(program, target, k)}}
-        if target is not None and use_tensor_cores(k, program, target):
+            if use_tensor_cores(k, program, target, program.batch):
+                k.update(self._step_tensor_core_defaults(program, target, k))
+            # knobs that change nothing stay at their first value, as valid() wants
             k.update({n: self.knobs[n][0] for n in self._moot_wmma(program, target, k)})
+        if target is not None and use_tensor_cores(k, program, target, program.batch):
+            return k  # the FFMA step knobs at their first value too
         widest = max((g.rows for g in program.plan.step_gemms), default=0)
         while (target is not None and k["block_cols"] > 32
                and step_tile(k, program.batch).blocks(program.batch, widest) < target.sms):
@@ -209,8 +208,7 @@ class CudaStepLoop(Recipe):
         name = knobs["wgmma_step" if step else "wgmma_hoisted"]
         rows = program.batch if step else program.steps * program.batch
         gemms = program.plan.step_gemms if step else program.plan.hoisted
-        return name != "auto" and all(_chosen_tile(knobs, rows, g.rows, target, step).name == name
-                                      and wgmma_tile(rows, g.rows, target).name == name for g in gemms)
+        return name != "auto" and all(wgmma_tile(rows, g.rows, target).name == name for g in gemms)
 
     def runs(self, program, target, knobs) -> bool:
         """The tiles that run fit: the hoisted GEMM's (tensor cores or FFMA), the step GEMM's FFMA
