@@ -97,8 +97,8 @@ class CudaStepLoop(Recipe):
         # ResetBeforeGRU B=256 3.14 / 3.29, B=64 2.54 / 2.58 (an earlier run without the unrolled
         # epilogue had it 2.64 / 2.55); GRU does not fuse (3 gates, no whole units in a tile)
         "tc_epilogue": (True, False),
-        # fp16/bf16 GEMMs (TF32: the hoisted ones) on Hopper's wgmma (wgmma.py) rather than WMMA:
-        # alone 18-31 % faster hoisted, 29-35 % at a step's rows (run 79); the step's elementwise math then runs in a
+        # fp16/bf16 GEMMs on Hopper's wgmma (wgmma.py) rather than WMMA: alone 18-31 % faster
+        # hoisted, 29-35 % at a step's rows (run 79); the step's elementwise math then runs in a
         # kernel of its own (tc_epilogue applies to WMMA: epilogue_units). H100 fp16 T=100 (run
         # 83), prepared ms, wgmma / WMMA: GRU (100,256,1024) 2.078 / 2.964 (cuDNN 2.255)
         "wgmma": (True, False),
@@ -243,7 +243,7 @@ class CudaStepLoop(Recipe):
         if not use_tensor_cores(knobs, program, target):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA
         step_tc = use_tensor_cores(knobs, program, target, program.batch)
-        if not wgmma_available(program.dtype, target, program.allow_tf32):
+        if not wgmma_available(program.dtype, target):
             wgmma = self._WGMMA
         else:  # a tile knob of GEMMs off wgmma (or whose tile does not fit) changes nothing
             wgmma = tuple(f"wgmma_{kind}" for kind, step in (("hoisted", False), ("step", True))
@@ -502,9 +502,7 @@ def on_wgmma(knobs: dict, program, target, step: bool = False) -> bool:
 def _wgmma_tile(knobs: dict, program, target, rows: int, cols: int, depth: int, step: bool) -> WgmmaTile | None:
     """The wgmma tile of a rows x cols x depth GEMM (a step's with ``step``) where the knob is on,
     the target and dtype have wgmma and the tile (wgmma_hoisted, wgmma_step) fits; else None."""
-    if not (knobs["wgmma"] and wgmma_available(program.dtype, target, program.allow_tf32)):
-        return None
-    if step and program.dtype == "float32":  # TF32 wgmma reads no (K, N) operand, which the step's weights are
+    if not (knobs["wgmma"] and wgmma_available(program.dtype, target)):
         return None
     tile = _chosen_tile(knobs, rows, cols, target, step)
     return tile if tile.fits(cols, depth, program.dtype, target) else None

@@ -11,7 +11,7 @@ from tvm.runtime import from_dlpack
 from tvm.s_tir import Schedule
 
 import halstm
-from conftest import TF32_TOLERANCE, assert_nvcc_compiles, gpu_available
+from conftest import assert_nvcc_compiles, gpu_available
 from halstm.schedules import CudaPersistent, CudaStepLoop
 from halstm.schedules.cuda import on_wgmma
 from halstm.schedules.cuda_persistent import _prologue_knobs
@@ -61,10 +61,9 @@ def test_left_alone_where_the_operands_are_not_the_storage_type():
     assert "wgmma" not in sch.mod.script()
 
 
-def test_only_hopper_fp16_bf16_and_tf32():
+def test_only_hopper_fp16_and_bf16():
     assert wgmma_available("float16", H100) == tensorize_works()
     assert not wgmma_available("float32", H100)
-    assert wgmma_available("float32", H100, allow_tf32=True) == tensorize_works()
     assert not wgmma_available("float16", CudaTarget("sm_80", sms=108))
     assert not wgmma_available("bfloat16", CudaTarget("sm_100", sms=148))
 
@@ -112,18 +111,15 @@ def test_weights_packed_elsewhere_are_read_mn_major():
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("packed_here", [True, False], ids=["k-major", "mn-major"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t.groups}x{t.bn}-{t.stages}{'f' if t.in_flight else ''}")
 def test_gemm_matches_float64_on_gpu(tile, dtype, packed_here, rng):
     """Ragged M (every row tile but the last whole), several K tiles, fresh inputs; W staged K-major
-    (packed here, into (N, K)) and MN-major (given (K, N), fp16/bf16); float32 as TF32 (its operands'
-    low mantissa bits dropped: TF32_TOLERANCE)."""
+    (packed here, into (N, K)) and MN-major (given (K, N))."""
     torch = pytest.importorskip("torch")
     target = CudaTarget.detect()
-    if not wgmma_available(dtype, target, allow_tf32=True):
+    if not wgmma_available(dtype, target):
         pytest.skip("not a Hopper GPU")
-    if dtype == "float32" and not packed_here:
-        pytest.skip("TF32 wgmma has no MN-major operand")
     m, n, k = 333, 512, 384
     sch = gemm(m, n, k, dtype, packed_here)
     assert gemm_wgmma(sch, sch.get_sblock("C"), tile, dtype)
@@ -139,7 +135,7 @@ def test_gemm_matches_float64_on_gpu(tile, dtype, packed_here, rng):
     c = torch.full((m, n), float("nan"), device="cuda")
     f(*[from_dlpack(t.contiguous()) for t in (*args, c)])
     want = args[0].double().cpu().numpy() @ (args[1].double().cpu().numpy().T if packed_here else args[1].double().cpu().numpy())
-    assert np.linalg.norm(c.cpu().numpy() - want) / np.linalg.norm(want) < (TF32_TOLERANCE if dtype == "float32" else 1e-5)
+    assert np.linalg.norm(c.cpu().numpy() - want) / np.linalg.norm(want) < 1e-5
 
 
 @needs_tensorize
@@ -199,21 +195,3 @@ def test_the_wgmma_tiles_are_knobs():
     ragged = halstm.lower(halstm.GRU(320, 320), steps=4, batch=64, dtype="float16")
     wide = recipe.resolve(ragged, H100, {"wgmma_hoisted": "2x256x4f"})  # 960 columns: not whole 256s
     assert on_wgmma(auto, ragged, H100) and not on_wgmma(wide, ragged, H100) and not recipe.valid(ragged, H100, wide)
-
-
-@needs_tensorize
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-def test_tf32_runs_the_hoisted_gemm_on_wgmma(tmp_path):
-    """float32 with allow_tf32: the hoisted GEMM (weights packed (N, K) in its scope) on wgmma's
-    k8 TF32 instruction, 32 fp32 a 128-byte K tile; the step's (weights (K, N), an operand TF32
-    wgmma cannot transpose) stays on WMMA; nvcc compiles both. Without allow_tf32, neither."""
-    cell = halstm.LSTM(256, 256)
-    f = halstm.compile(cell, 4, 64, "float32", target=H100, recipe="cuda-step-loop", allow_tf32=True)
-    source = f.module.mod.imports[0].inspect_source()
-    assert "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32" in source and "wmma::mma_sync" in source
-    assert on_wgmma(f.knobs, f.program, H100) and not on_wgmma(f.knobs, f.program, H100, step=True)
-    assert_nvcc_compiles(source, tmp_path)
-    fp32 = halstm.compile(cell, 4, 64, "float32", target=H100, recipe="cuda-step-loop")
-    assert "wgmma" not in fp32.module.mod.imports[0].inspect_source()
-    sch = gemm(64, 128, 96, "float32", packed_here=False)  # W (K, N): no TF32 wgmma
-    assert not gemm_wgmma(sch, sch.get_sblock("C"), WgmmaTile(1, 64, 4, False), "float32")
