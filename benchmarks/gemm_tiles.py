@@ -5,8 +5,8 @@ type as it is written), at several tiles, side by side with cuBLAS (torch.matmul
     python3 benchmarks/gemm_tiles.py 25600,4096,1024 --tiles 2,2,4,4,32,4 2,2,4,4,64,2 4,2,4,4,32,3
 
 A tile is warps_m,warps_n,fm,fn,bk,stages (TensorCoreTile: WMMA), or wgmma:<WgmmaTile.name> such as
-wgmma:2x256x4f (Hopper: schedules/wgmma.py, given the weights (N, K); the recipes' wgmma_* knobs name tiles so). Each is compiled
-for this GPU, checked against torch.matmul in float32 (relative norm error), and timed as kernel_breakdown.py
+wgmma:2x256x4f (Hopper: schedules/wgmma.py, given the weights (N, K); the recipes' wgmma_* knobs name
+tiles so). Each is compiled for this GPU, checked against torch.matmul in float32 (relative norm error), and timed as kernel_breakdown.py
 times kernels: GPU time from torch.profiler, summed over --reps calls after warm-up, divided by --reps (a small
 GEMM's call costs more on the CPU than on the GPU, which CUDA events around the calls would time). Prints a
 markdown table (us, TFLOP/s, cuBLAS/tile).

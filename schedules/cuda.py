@@ -206,8 +206,7 @@ class CudaStepLoop(Recipe):
 
     def _repeats_auto(self, program, target, knobs, step: bool) -> bool:
         name = knobs["wgmma_step" if step else "wgmma_hoisted"]
-        rows = program.batch if step else program.steps * program.batch
-        gemms = program.plan.step_gemms if step else program.plan.hoisted
+        rows, gemms = _gemms(program, step)
         return name != "auto" and all(wgmma_tile(rows, g.rows, target).name == name for g in gemms)
 
     def runs(self, program, target, knobs) -> bool:
@@ -243,21 +242,21 @@ class CudaStepLoop(Recipe):
         if not use_tensor_cores(knobs, program, target):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA
         step_tc = use_tensor_cores(knobs, program, target, program.batch)
+        wgmma = on_wgmma(knobs, program, target), on_wgmma(knobs, program, target, step=True)
         if not wgmma_available(program.dtype, target):
-            wgmma = self._WGMMA
+            tiles = self._WGMMA
         else:  # a tile knob of GEMMs off wgmma (or whose tile does not fit) changes nothing
-            wgmma = tuple(f"wgmma_{kind}" for kind, step in (("hoisted", False), ("step", True))
-                          if not on_wgmma(knobs, program, target, step))
-        return (self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else ()) + self._moot_wmma(program, target, knobs)
-                + wgmma)
+            tiles = tuple(name for name, on in zip(("wgmma_hoisted", "wgmma_step"), wgmma) if not on)
+        return (self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else ())
+                + self._moot_wmma(program, target, knobs, wgmma) + tiles)
 
-    def _moot_wmma(self, program, target, knobs) -> tuple:
-        """The WMMA knobs of GEMMs that run on wgmma (``on_wgmma``) or FFMA cores (a step of fewer
-        than TENSOR_CORE_MIN_ROWS rows): the hoisted GEMM's, the step's, tc_stages where neither
-        runs WMMA."""
-        hoisted = on_wgmma(knobs, program, target)
-        step = (on_wgmma(knobs, program, target, step=True)
-                or not use_tensor_cores(knobs, program, target, program.batch))
+    def _moot_wmma(self, program, target, knobs, wgmma: tuple[bool, bool] | None = None) -> tuple:
+        """The WMMA knobs of GEMMs that run on wgmma (``wgmma``: ``on_wgmma`` of the hoisted GEMMs
+        and of the step's, computed where not given) or FFMA cores (a step of fewer than
+        TENSOR_CORE_MIN_ROWS rows): the hoisted GEMM's, the step's, tc_stages where neither runs
+        WMMA."""
+        hoisted, step = wgmma or (on_wgmma(knobs, program, target), on_wgmma(knobs, program, target, step=True))
+        step = step or not use_tensor_cores(knobs, program, target, program.batch)
         return ((("tc_hoisted_frags", "tc_k") if hoisted else ()) + (self._TENSOR_CORE_STEP if step else ())
                 + (("tc_stages",) if hoisted and step else ()))
 
@@ -492,11 +491,17 @@ def on_wgmma(knobs: dict, program, target, step: bool = False) -> bool:
     (schedule_gemm): tensor cores and the knob on, a Hopper GPU and fp16/bf16, every such GEMM's
     tile fitting its N and K and its operand read as given (``gemm_wgmma`` leaves a computed one,
     ResetBeforeGRU's r * h, to WMMA)."""
-    rows = program.batch if step else program.steps * program.batch
-    gemms = program.plan.step_gemms if step else program.plan.hoisted
+    rows, gemms = _gemms(program, step)
     return (use_tensor_cores(knobs, program, target, rows if step else None)
             and all(g.reads_input and _wgmma_tile(knobs, program, target, rows, g.rows, g.depth, step)
                     for g in gemms))
+
+
+def _gemms(program, step: bool) -> tuple[int, list]:
+    """The rows and the GEMMs of the step (B rows) or, without ``step``, of the hoisted GEMMs (T x B)."""
+    if step:
+        return program.batch, program.plan.step_gemms
+    return program.steps * program.batch, program.plan.hoisted
 
 
 def _wgmma_tile(knobs: dict, program, target, rows: int, cols: int, depth: int, step: bool) -> WgmmaTile | None:
@@ -525,7 +530,7 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     """The hoisted GEMM (T x B rows) or the step's (B rows) on tensor cores where
     ``use_tensor_cores`` allows: wgmma's where it applies (``_wgmma_tile``, ``gemm_wgmma``), else
     WMMA's where the tile can fetch its operand; else the FFMA tile."""
-    rows = program.batch if step else program.steps * program.batch
+    rows = _gemms(program, step)[0]
     if use_tensor_cores(knobs, program, target, rows if step else None):
         cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-2:])
         wgmma = _wgmma_tile(knobs, program, target, rows, cols, depth, step)

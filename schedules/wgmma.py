@@ -181,8 +181,7 @@ def _register_fill(rows: int, cols: int) -> str:
 
 @functools.cache
 def _register_gemm(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool) -> str:
-    name = (f"halstm_wgmma_{M}x{N}x{K}_{dtype}_{tile.groups}x{tile.bn}_{tile.stages}{'f' if tile.in_flight else ''}"
-            f"{'_kn' if k_by_n else ''}")
+    name = f"halstm_wgmma_{M}x{N}x{K}_{dtype}_{tile.name}{'_kn' if k_by_n else ''}"
     w_shape = (K, N) if k_by_n else (N, K)
 
     @T.prim_func(s_tir=True)
