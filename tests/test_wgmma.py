@@ -156,9 +156,8 @@ def test_defaults_put_the_hoisted_gemm_on_wgmma(recipe, cell, batch, hidden):
 def test_wmma_knobs_of_gemms_on_wgmma_are_not_searched():
     """Where both GEMMs run on wgmma their WMMA knobs change nothing: the defaults hold them at their
     first value, and on tensor cores the space varies only the wgmma tiles and the elementwise
-    kernels' threads. With
-    wgmma off (a switch: ``resolve``) the defaults tune them as before, in both recipes.
-    ResetBeforeGRU's r * h GEMM runs WMMA: its step knobs stay tuned and searched."""
+    kernels' threads. With wgmma off (a switch: ``resolve``) the defaults tune them as before, in
+    both recipes. ResetBeforeGRU's r * h GEMM runs WMMA: its step knobs stay tuned and searched."""
     recipe = CudaStepLoop()
     lstm = halstm.lower(halstm.LSTM(1024, 1024), steps=100, batch=256, dtype="float16")
     on, off = recipe.defaults(lstm, H100), recipe.resolve(lstm, H100, {"wgmma": False})
@@ -194,4 +193,5 @@ def test_the_wgmma_tiles_are_knobs():
     assert not recipe.valid(program, H100, recipe.resolve(program, H100, {"wgmma_step": "2x128x5f", "wgmma": False}))
     ragged = halstm.lower(halstm.GRU(320, 320), steps=4, batch=64, dtype="float16")
     wide = recipe.resolve(ragged, H100, {"wgmma_hoisted": "2x256x4f"})  # 960 columns: not whole 256s
-    assert on_wgmma(auto, ragged, H100) and not on_wgmma(wide, ragged, H100) and not recipe.valid(ragged, H100, wide)
+    assert on_wgmma(recipe.defaults(ragged, H100), ragged, H100)  # auto's tile fits (1 x 64)
+    assert not on_wgmma(wide, ragged, H100) and not recipe.valid(ragged, H100, wide)
