@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import tvm
 from tvm import te
@@ -155,11 +155,12 @@ def lower_backward(
     layout: PackedLayout | None = None,
 ) -> BackwardProgram:
     """The backward of ``lower(cell, steps, batch, dtype, plan, layout)`` (unscheduled). Its weights
-    are packed in ``layout``'s strips, the gates' columns in order: columns grouped by units (a fused
-    step epilogue's layout) would be gathers that autodiff cannot differentiate, and the backward
-    packs its own weights, so it needs no grouping to match the forward's."""
+    are packed in ``layout``'s strips, (K, N) otherwise, the gates' columns in order: columns grouped
+    by units (a fused step epilogue's layout) would be gathers that autodiff cannot differentiate,
+    and the backward packs its own weights, so it needs neither that grouping nor the forward's
+    K-major layout (its step GEMMs read computed operands, which stay off wgmma)."""
     backward = BackwardPlan(plan or make_plan(cell))
-    layout = replace(layout, units=None) if layout else PackedLayout()
+    layout = PackedLayout(tile=layout.tile) if layout else PackedLayout()
     bptt, kept = _bptt(backward, steps, batch, dtype, layout)
     weights = _weights(backward, steps, batch, dtype, layout, kept)
     return BackwardProgram(backward, bptt, weights)

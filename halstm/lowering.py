@@ -74,8 +74,10 @@ def _storage(t: te.Tensor, dtype: str, name: str) -> te.Tensor:
 
 @dataclass(frozen=True)
 class PackedLayout:
-    """How a GEMM's stacked weights are stored, a choice the recipe makes: (K, N) rows, or with
-    ``tile`` strips (ceil(N / tile), K, tile), zero-padded, each strip contiguous.
+    """How a GEMM's stacked weights are stored, a choice the recipe makes: (K, N) rows; with
+    ``k_major`` (N, K), each column's K weights contiguous (wgmma's K-major operand, the only one
+    it reads for TF32); or with ``tile`` strips (ceil(N / tile), K, tile), zero-padded, each strip
+    contiguous.
 
     With ``units``, the columns of a GEMM whose N is a whole number G of gates of the state width
     ``width`` (LSTM: N = 4H) are stored grouped by units: ``units`` units of gate 0, the same units
@@ -86,14 +88,21 @@ class PackedLayout:
     tile: int | None = None
     units: int | None = None
     width: int = 0
+    k_major: bool = False
+
+    def __post_init__(self):
+        if self.k_major and self.tile is not None:
+            raise ValueError("a k_major layout has no strips")
 
     def shape(self, depth: int, rows: int) -> tuple[int, ...]:
-        if self.tile is None:
-            return (depth, rows)
-        return (-(-rows // self.tile), depth, self.tile)
+        if self.tile is not None:
+            return (-(-rows // self.tile), depth, self.tile)
+        return (rows, depth) if self.k_major else (depth, rows)
 
     def load(self, packed: te.Tensor, k, n):
-        return packed[k, n] if self.tile is None else packed[n // self.tile, k, n % self.tile]
+        if self.tile is not None:
+            return packed[n // self.tile, k, n % self.tile]
+        return packed[n, k] if self.k_major else packed[k, n]
 
     def grouped(self, rows: int) -> bool:
         """Whether a GEMM of ``rows`` columns is stored grouped by units."""
@@ -130,13 +139,15 @@ def stacked(gemm: Gemm, params: Params, n, k):
 
 
 def _packed(gemm: Gemm, params: Params, layout: PackedLayout, name: str) -> te.Tensor:
-    """The weights of a GEMM's matmuls stacked in call order, transposed, in ``layout``."""
+    """The weights of a GEMM's matmuls stacked in call order, in ``layout``."""
 
     def value(k, p):
         return stacked(gemm, params, layout.logical(p, gemm.rows), k)
 
     def at(*i):
-        return value(*i) if layout.tile is None else value(i[1], i[0] * layout.tile + i[2])
+        if layout.tile is not None:
+            return value(i[1], i[0] * layout.tile + i[2])
+        return value(i[1], i[0]) if layout.k_major else value(*i)
 
     return te.compute(layout.shape(gemm.depth, gemm.rows), at, name=name)
 

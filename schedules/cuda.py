@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
+from tvm.tirx.analysis import undefined_vars
 
 from halstm.lowering import PackedLayout
 
@@ -97,8 +98,8 @@ class CudaStepLoop(Recipe):
         # ResetBeforeGRU B=256 3.14 / 3.29, B=64 2.54 / 2.58 (an earlier run without the unrolled
         # epilogue had it 2.64 / 2.55); GRU does not fuse (3 gates, no whole units in a tile)
         "tc_epilogue": (True, False),
-        # fp16/bf16 GEMMs on Hopper's wgmma (wgmma.py) rather than WMMA: alone 18-31 % faster
-        # hoisted, 29-35 % at a step's rows (run 79); the step's elementwise math then runs in a
+        # fp16/bf16 GEMMs (TF32: the hoisted ones) on Hopper's wgmma (wgmma.py) rather than WMMA:
+        # alone 18-31 % faster hoisted, 29-35 % at a step's rows (run 79); the step's elementwise math then runs in a
         # kernel of its own (tc_epilogue applies to WMMA: epilogue_units). H100 fp16 T=100 (run
         # 83), prepared ms, wgmma / WMMA: GRU (100,256,1024) 2.078 / 2.964 (cuDNN 2.255)
         "wgmma": (True, False),
@@ -243,7 +244,7 @@ class CudaStepLoop(Recipe):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA
         step_tc = use_tensor_cores(knobs, program, target, program.batch)
         wgmma = on_wgmma(knobs, program, target), on_wgmma(knobs, program, target, step=True)
-        if not wgmma_available(program.dtype, target):
+        if not wgmma_available(program.dtype, target, program.allow_tf32):
             tiles = self._WGMMA
         else:  # a tile knob of GEMMs off wgmma (or whose tile does not fit) changes nothing
             tiles = tuple(name for name, on in zip(("wgmma_hoisted", "wgmma_step"), wgmma) if not on)
@@ -262,7 +263,11 @@ class CudaStepLoop(Recipe):
 
     def layout(self, program, target, knobs) -> PackedLayout:
         """Columns grouped by units (``PackedLayout.units``) where a step GEMM's epilogue fuses:
-        the units of one column tile."""
+        the units of one column tile. (N, K) (``k_major``) where every GEMM runs on wgmma: the
+        step's weights are packed by the prologue, outside the scope where ``gemm_wgmma`` could
+        lay them out so, and TF32 wgmma reads no other layout."""
+        if on_wgmma(knobs, program, target) and on_wgmma(knobs, program, target, step=True):
+            return PackedLayout(k_major=True)
         units = epilogue_units(knobs, program, target)
         return PackedLayout(units=units, width=program.cell.hidden_size) if units else PackedLayout()
 
@@ -507,7 +512,7 @@ def _gemms(program, step: bool) -> tuple[int, list]:
 def _wgmma_tile(knobs: dict, program, target, rows: int, cols: int, depth: int, step: bool) -> WgmmaTile | None:
     """The wgmma tile of a rows x cols x depth GEMM (a step's with ``step``) where the knob is on,
     the target and dtype have wgmma and the tile (wgmma_hoisted, wgmma_step) fits; else None."""
-    if not (knobs["wgmma"] and wgmma_available(program.dtype, target)):
+    if not (knobs["wgmma"] and wgmma_available(program.dtype, target, program.allow_tf32)):
         return None
     tile = _chosen_tile(knobs, rows, cols, target, step)
     return tile if tile.fits(cols, depth, program.dtype, target) else None
@@ -627,9 +632,11 @@ TRANSPOSE_ROWS = 8  # tile rows a round: 8 x 32 = 256 threads a block, 4 rounds 
 
 
 def _transposes(sch: Schedule, block) -> bool:
-    """Whether ``block`` writes its first loop's variable as the row (w_packed[k, n]); the wgmma
-    GEMM lays its weights out (N, K), which makes their packing a copy (wgmma.py)."""
-    return sch.get(block).writes[0].region[0].min.same_as(sch.get(block).iter_vars[0].var)
+    """Whether ``block`` writes as rows its reads' columns (w_packed[k, n] = weights[n, k]); packed
+    (N, K) (``PackedLayout.k_major``, or laid out so by the wgmma GEMM: wgmma.py) it is a copy."""
+    row = sch.get(block).writes[0].region[0].min
+    return any(any(v.same_as(row) for v in undefined_vars(r.region[-1].min, []))
+               for r in sch.get(block).reads)
 
 
 def schedule_transpose(sch: Schedule, block) -> bool:

@@ -201,7 +201,8 @@ class CudaPersistent(Recipe):
         first = {n: knobs[n] == self.knobs[n][0] for n in ("tc_hoisted_frags", "wgmma")}
         hoisted = _prologue_knobs(program, target, knobs)
         wmma = use_tensor_cores(hoisted, program, target) and not on_wgmma(hoisted, program, target)
-        if not ((first["tc_hoisted_frags"] or wmma) and (first["wgmma"] or wgmma_available(program.dtype, target))
+        wgmma = wgmma_available(program.dtype, target, program.allow_tf32)
+        if not ((first["tc_hoisted_frags"] or wmma) and (first["wgmma"] or wgmma)
                 and self.runs(program, target, knobs)):
             return False
         kernel = _Kernel.plan(program, target, knobs)

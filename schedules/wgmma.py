@@ -1,15 +1,18 @@
 """Hopper's warpgroup GEMM (wgmma, sm_90a): C[M, N] = A[M, K] @ W[K, N] in fp32 from fp16/bf16
-operands, one kernel that a schedule tensorizes a whole GEMM block with (``gemm_wgmma``):
+operands (fp32 ones as TF32), one kernel that a schedule tensorizes a whole GEMM block with
+(``gemm_wgmma``):
 
-    W's buffer laid out (N, K) where it is packed in the GEMM's scope (transform_layout)
+    W's buffer laid out (N, K) where it is packed in the GEMM's scope (transform_layout) or
+    packed so (PackedLayout.k_major)
     for block (bm = 64 x groups rows, bn columns; columns fastest)     blockIdx.x
       for warpgroup (64 rows each, 128 threads)                         threadIdx.x
-        for kt in K / 64, stages K tiles in flight (cp.async):
-          A_s[bm, 64], W_s[bn, 64]                    "shared.dyn", rows of 128 bytes, 16-byte
+        for kt in K / bk (bk: 128 bytes, 64 fp16 or 32 fp32), stages K tiles in flight (cp.async):
+          A_s[bm, bk], W_s[bn, bk]                    "shared.dyn", rows of 128 bytes, 16-byte
                                                       chunks XOR-swizzled by row (wgmma's 128B mode);
-                                                      W given (K, N): W_s[64, bn] in atoms of 8 K rows
-                                                      by 64 columns (wgmma's MN-major operand)
-          4 x wgmma.mma_async m64n{bn}k16 (A_s, W_s through matrix descriptors)
+                                                      W given (K, N), fp16/bf16 only: W_s[64, bn] in
+                                                      atoms of 8 K rows by 64 columns (wgmma's
+                                                      MN-major operand, which TF32 lacks)
+          4 x wgmma.mma_async m64n{bn}k16 (k8 TF32; A_s, W_s through matrix descriptors)
           acc += ...                                  registers, bn / 2 floats a thread; the first
                                                       K step overwrites it (scale-d 0)
         C = acc                                       rows past M not stored
@@ -49,12 +52,13 @@ from tvm.script import tirx as T
 from .cuda_tensorcore import BYTES, tensorize_works
 from .recipe import is_pure_copy
 
-BK = 64  # a K tile: one 128-byte swizzled row of fp16/bf16
+ROW_BYTES = 128  # a K tile: one 128-byte swizzled row (64 fp16/bf16 elements, 32 fp32)
+K_STEPS = 4  # wgmma instructions a K tile: each takes 32 bytes of K (k16 fp16/bf16, k8 tf32)
 WARPGROUP = 128  # threads
 ROWS = 64  # a warpgroup's rows (wgmma's M)
 SWIZZLE_128B = 3  # T.cuda.wgmma.encode_matrix_descriptor's code for the 128-byte swizzle
 ARCH = 90  # wgmma exists on sm_90a only (Hopper; Blackwell has tcgen05 instead)
-_PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
+_PTX_TYPE = {"float16": "f16", "bfloat16": "bf16", "float32": "tf32"}  # float32 only as TF32
 
 
 @dataclass(frozen=True)
@@ -90,20 +94,22 @@ class WgmmaTile:
     def ahead(self) -> int:
         return self.stages - 2 if self.in_flight else self.stages - 1
 
-    def shared_bytes(self, size: int) -> int:
-        return self.stages * (self.bm + self.bn) * BK * size
+    @property
+    def shared_bytes(self) -> int:
+        return self.stages * (self.bm + self.bn) * ROW_BYTES
 
     def fits(self, cols: int, depth: int, dtype: str, target) -> bool:
-        return (cols % self.bn == 0 and depth % BK == 0 and self.bn <= 256 and self.ahead >= 1
-                and self.shared_bytes(BYTES[dtype]) <= target.shared_memory)
+        return (cols % self.bn == 0 and depth % (ROW_BYTES // BYTES[dtype]) == 0 and self.bn <= 256
+                and self.ahead >= 1 and self.shared_bytes <= target.shared_memory)
 
     def blocks(self, rows: int, cols: int) -> int:
         return -(-rows // self.bm) * (cols // self.bn)
 
 
-def wgmma_available(dtype: str, target) -> bool:
-    return (target.kind == "cuda" and dtype in _PTX_TYPE and target.compute_capability == ARCH
-            and tensorize_works())
+def wgmma_available(dtype: str, target, allow_tf32: bool = False) -> bool:
+    """fp16/bf16 GEMMs (float32 ones as TF32 where allowed) on a Hopper GPU."""
+    return (target.kind == "cuda" and dtype in _PTX_TYPE and (dtype != "float32" or allow_tf32)
+            and target.compute_capability == ARCH and tensorize_works())
 
 
 def wgmma_tile(rows: int, cols: int, target) -> WgmmaTile:
@@ -127,19 +133,21 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
     feeding A inlined (A is read where the copy reads it). W packed in this scope is laid out (N, K)
     (transform_layout; its packing becomes a copy): wgmma's K-major operand, the layout measured in
     run 79. Weights packed elsewhere (the step's, packed by the prologue: transform_layout refuses a
-    buffer of the whole function) are read (K, N), wgmma's MN-major operand. Returns False, leaving
-    the block alone, where the operands are not plain ``dtype`` buffers."""
+    buffer of the whole function) are read as stored: (N, K) where the lowering packed them so
+    (``PackedLayout.k_major``), else (K, N), wgmma's MN-major operand: fp16/bf16 only (TF32 wgmma has
+    no transposed operand). Returns False, leaving the block alone, where the operands are
+    not plain ``dtype`` buffers or the layout is not one wgmma reads (float32: as TF32)."""
     a_buffer, w_buffer = (r.source for r in sch.get(block).reads[:2])
     producers = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer)]
     a_source = sch.get(producers[0]).reads[0].source if producers else a_buffer
-    if (w_buffer.dtype != dtype or a_source.dtype != dtype
+    k_by_n = sch.get(block).reads[1].region[0].min.same_as(sch.get(block).iter_vars[2].var)  # W[k, n]
+    packings = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(w_buffer)]
+    if (w_buffer.dtype != dtype or a_source.dtype != dtype or (dtype == "float32" and k_by_n and not packings)
             or any(not is_pure_copy(sch, p) or len(sch.get_consumers(p)) > 1 for p in producers)):
         return False
     for producer in producers:
         sch.compute_inline(producer)
     rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-3:])
-    k_by_n = sch.get(block).reads[1].region[0].min.same_as(sch.get(block).iter_vars[2].var)  # W[k, n]
-    packings = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(w_buffer)]
     if k_by_n and packings:
         sch.transform_layout(block, ("read", 1), lambda k, n: (n, k))
         for packing in packings:  # now a copy: k innermost
@@ -209,43 +217,45 @@ def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool):
     along N, the K groups after one another; its descriptor's leading offset is the atoms' distance
     along N, its stride offset the K groups' (run 82: the other order computed garbage)."""
     bm, bn, stages, ahead, threads = tile.bm, tile.bn, tile.stages, tile.ahead, tile.threads
+    size = BYTES[dtype]
+    bk, chunk = ROW_BYTES // size, 16 // size  # elements of a K tile, of a 16-byte copy
     atoms = bn // 64  # MN-major W: atoms along N
     w_ldo, w_sdo = 1024 // 16, atoms * 1024 // 16  # 16-byte units
-    k16_bytes = 2 * atoms * 1024 if k_by_n else 32  # a k16 step through the W tile
+    k_step_bytes = 2 * atoms * 1024 if k_by_n else 32  # an instruction's K through the W tile
     col_tiles = N // bn
-    a_tile = bm * BK
-    stage = (bm + bn) * BK  # elements of shared memory a stage: the A tile, then the W tile
+    a_tile = bm * bk
+    stage = (bm + bn) * bk  # elements of shared memory a stage: the A tile, then the W tile
     acc_n = bn // 2
     ptx = _PTX_TYPE[dtype]
-    mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ptx}.{ptx}"
-    size = BYTES[dtype]
+    mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k{32 // size}.f32.{ptx}.{ptx}"
+    transposes = () if dtype == "float32" else (0, 1 if k_by_n else 0)  # TF32 takes no transpose immediates
     w_shape = (K, N) if k_by_n else (N, K)
 
     @T.macro
     def fetch(smem, A, W, tx, m0, n0, slot, kt):
         # 16-byte chunks, 8 to a 128-byte row: chunk c of row r at chunk c ^ (r % 8) (the swizzle);
         # rows past M are zero-filled (source size 0) from a clamped, valid address
-        for i in T.unroll(a_tile // 8 // threads):
+        for i in T.unroll(a_tile // chunk // threads):
             c = T.meta_var(tx + i * threads)
             r = T.meta_var(c // 8)
             T.ptx["cp.async.cg.shared.global"](
-                T.address_of(smem[slot * stage + r * BK + T.bitwise_xor(c % 8, r % 8) * 8]),
-                T.address_of(A[T.min(m0 + r, M - 1), kt * BK + c % 8 * 8]), 16,
+                T.address_of(smem[slot * stage + r * bk + T.bitwise_xor(c % 8, r % 8) * chunk]),
+                T.address_of(A[T.min(m0 + r, M - 1), kt * bk + c % 8 * chunk]), 16,
                 T.if_then_else(m0 + r < M, T.uint32(16), T.uint32(0)))
-        for i in T.unroll(bn * BK // 8 // threads):
+        for i in T.unroll(bn * bk // chunk // threads):
             c = T.meta_var(tx + i * threads)
-            if k_by_n:  # chunk c: K row c // (bn / 8), its 16 bytes c % (bn / 8) along N
+            if k_by_n:  # (fp16/bf16) chunk c: K row c // (bn / 8), its 16 bytes c % (bn / 8) along N
                 k = T.meta_var(c // (bn // 8))
                 n = T.meta_var(c % (bn // 8))
                 T.ptx["cp.async.cg.shared.global"](
                     T.address_of(smem[slot * stage + a_tile + ((k // 8 * atoms + n // 8) * 8 + k % 8) * 64
                                       + T.bitwise_xor(n % 8, k % 8) * 8]),
-                    T.address_of(W[kt * BK + k, n0 + n * 8]), 16, T.uint32(16))
+                    T.address_of(W[kt * bk + k, n0 + n * 8]), 16, T.uint32(16))
             else:
                 r = T.meta_var(c // 8)
                 T.ptx["cp.async.cg.shared.global"](
-                    T.address_of(smem[slot * stage + a_tile + r * BK + T.bitwise_xor(c % 8, r % 8) * 8]),
-                    T.address_of(W[n0 + r, kt * BK + c % 8 * 8]), 16, T.uint32(16))
+                    T.address_of(smem[slot * stage + a_tile + r * bk + T.bitwise_xor(c % 8, r % 8) * chunk]),
+                    T.address_of(W[n0 + r, kt * bk + c % 8 * chunk]), 16, T.uint32(16))
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, w: T.handle, c: T.handle):
@@ -270,24 +280,24 @@ def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool):
             for i in T.unroll(acc_n):
                 acc[i] = T.float32(0)
             # K-major, 128-byte swizzle: 8-row groups 1024 bytes apart (16-byte units: 64)
-            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(a_desc[0]), T.address_of(smem[group * ROWS * BK]),
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(a_desc[0]), T.address_of(smem[group * ROWS * bk]),
                                                   1, 64, SWIZZLE_128B)
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(w_desc[0]), T.address_of(smem[a_tile]),
                                                   w_ldo if k_by_n else 1, w_sdo if k_by_n else 64, SWIZZLE_128B)
-            for kt in range(K // BK):
+            for kt in range(K // bk):
                 T.ptx["cp.async.wait_group"](ahead - 1)
                 T.ptx.fence.proxy.async_.shared__cta()  # the copies' writes, seen by wgmma's reads
                 T.tvm_storage_sync("shared")
-                if kt + ahead < K // BK:
+                if kt + ahead < K // bk:
                     fetch(smem, A, W, tx, m0, n0, (kt + ahead) % stages, kt + ahead)
                 T.ptx["cp.async.commit_group"]()
                 T.ptx.wgmma.fence.sync.aligned()
-                for kk in T.unroll(BK // 16):
-                    # the descriptors' start address (16-byte units) moved to the stage and k16 step
+                for kk in T.unroll(K_STEPS):
+                    # the descriptors' start address (16-byte units) moved to the stage and K step
                     T.ptx[mma](*[acc[i] for i in range(acc_n)],
                                a_desc[0] + T.Cast("uint64", (kt % stages * stage * size + kk * 32) // 16),
-                               w_desc[0] + T.Cast("uint64", (kt % stages * stage * size + kk * k16_bytes) // 16),
-                               T.ptx.pred(T.Or(kt > 0, kk > 0)), 1, 1, 0, 1 if k_by_n else 0)
+                               w_desc[0] + T.Cast("uint64", (kt % stages * stage * size + kk * k_step_bytes) // 16),
+                               T.ptx.pred(T.Or(kt > 0, kk > 0)), 1, 1, *transposes)
                 T.ptx.wgmma.commit_group.sync.aligned()
                 T.ptx.wgmma.wait_group.sync.aligned(1 if tile.in_flight else 0)
             T.ptx.wgmma.wait_group.sync.aligned(0)

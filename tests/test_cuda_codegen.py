@@ -271,7 +271,7 @@ def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, pipelined_
     wide (B=256, H=1024; B=64, H=2048) 8 warps a block and K tiles of 64 (128 bytes); in one stage
     they stage K in the fewest tiles that fit (B=64, H=1024: 8 tiles of K=128 where the first knob
     values made 32 of K=32, in 64 blocks); both pass valid(); fp32 leaves the knobs alone; TF32's
-    tiles of 16 stay at most 32 too (H=1024: 32 of 32), with 4 warps."""
+    tiles of 16 (on WMMA: on wgmma by default) stay at most 32 too (H=1024: 32 of 32), with 4 warps."""
     recipe = CudaStepLoop()
     program = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch, dtype="float16")
     if not tensorize_works():
@@ -287,7 +287,7 @@ def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, pipelined_
     fp32 = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch)
     assert all(recipe.defaults(fp32, H100)[n] == recipe.knobs[n][0] for n in ("tc_step_k", "tc_prefetch", "tc_fill"))
     tf32 = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch, allow_tf32=True)
-    tf32_knobs = recipe.defaults(tf32, H100)
+    tf32_knobs = recipe.defaults(tf32, H100, WMMA)
     assert (tf32_knobs["tc_step_k"], tf32_knobs["tc_warps_m"]) == (tf32_k, 2)  # 16 fp32 (64 bytes) a tile
 
 
@@ -494,6 +494,19 @@ def test_packing_kernels_group_the_gates_of_each_units_tile(cell, rng):
     _check_packing_kernels(program, "cuda-step-loop", rng)
 
 
+@pytest.mark.skipif(not tensorize_works(), reason="Schedule.tensorize crashes with this apache-tvm-ffi")
+def test_packing_kernels_copy_where_every_gemm_runs_on_wgmma(rng):
+    """Where the hoisted and the step GEMMs run on wgmma (TF32 here, which reads no (K, N) operand)
+    the recipe packs every weight (N, K) (PackedLayout.k_major): each packing kernel is a copy,
+    no shared tile."""
+    cell = halstm.LSTM(64, 64)
+    program = halstm.lower(cell, steps=2, batch=64, dtype="float32", allow_tf32=True)
+    recipe = next(r for r in schedules.BUILTIN if r.name == "cuda-step-loop")
+    layout = recipe.layout(program, H100, recipe.resolve(program, H100, {}))
+    assert layout == PackedLayout(k_major=True)
+    _check_packing_kernels(halstm.lower(cell, 2, 64, "float32", layout=layout, allow_tf32=True), recipe.name, rng)
+
+
 def _check_packing_kernels(program, recipe, rng):
     """Each GEMM's packing kernel run in Python writes its weights' transpose through a shared tile,
     columns where ``program.layout`` stores them; a hoisted GEMM on wgmma's packs them (N, K), a copy."""
@@ -510,7 +523,7 @@ def _check_packing_kernels(program, recipe, rng):
                           if {p.name[:-4] for p in f.params} & weights == set(members))
         packed = next(p.name for p in func.params if p.name[:-4] not in weights)
         assert len(func.params) == len(members) + 1, (name, func.params)
-        k_major = wgmma and g.stage == 0
+        k_major = program.layout.k_major or (wgmma and g.stage == 0)
         assert ("T.alloc_shared(" in func.script()) != k_major, f"{name}: a shared tile only to transpose"
         out = np.full(g.depth * g.rows, np.nan)
         _run_kernel(func, {**{f"{w}_ptr": params[w].ravel() for w in members}, packed: out})

@@ -49,9 +49,11 @@ def test_tf32_fragments_declares_and_rounds_only_tf32_operands():
 def test_fp32_gemms_run_as_tf32_only_when_allowed(recipe, gemms, shape, tmp_path):
     """With allow_tf32 the step loop's hoisted and step GEMMs (the persistent recipe's hoisted one;
     its step GEMM stays FFMA) are 16x16x8 TF32 mma kernels whose operand fragments are rounded to
-    TF32 as they load, and nvcc compiles them; without it, or on a GPU before Ampere, no WMMA."""
+    TF32 as they load, and nvcc compiles them; without it, or on a GPU before Ampere, no WMMA. (On an
+    H100 the hoisted GEMM runs on wgmma by default: test_wgmma.py.)"""
     T, B, I, H = shape
-    f = halstm.compile(halstm.LSTM(I, H), T, B, "float32", target=H100, recipe=recipe, allow_tf32=True)
+    f = halstm.compile(halstm.LSTM(I, H), T, B, "float32", target=H100, recipe=recipe, allow_tf32=True,
+                       knobs={"wgmma": False})
     assert f.program.allow_tf32 and "(TF32)" in repr(f)
     source = _source(f)
     kernels = [k for k in source.split("__global__")[1:] if "wmma::mma_sync" in k]

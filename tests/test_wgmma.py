@@ -11,7 +11,8 @@ from tvm.runtime import from_dlpack
 from tvm.s_tir import Schedule
 
 import halstm
-from conftest import assert_nvcc_compiles, gpu_available
+from conftest import TF32_TOLERANCE, assert_nvcc_compiles, gpu_available
+from halstm.lowering import PackedLayout
 from halstm.schedules import CudaPersistent, CudaStepLoop
 from halstm.schedules.cuda import on_wgmma
 from halstm.schedules.cuda_persistent import _prologue_knobs
@@ -61,9 +62,10 @@ def test_left_alone_where_the_operands_are_not_the_storage_type():
     assert "wgmma" not in sch.mod.script()
 
 
-def test_only_hopper_fp16_and_bf16():
+def test_only_hopper_fp16_bf16_and_tf32():
     assert wgmma_available("float16", H100) == tensorize_works()
     assert not wgmma_available("float32", H100)
+    assert wgmma_available("float32", H100, allow_tf32=True) == tensorize_works()
     assert not wgmma_available("float16", CudaTarget("sm_80", sms=108))
     assert not wgmma_available("bfloat16", CudaTarget("sm_100", sms=148))
 
@@ -111,15 +113,18 @@ def test_weights_packed_elsewhere_are_read_mn_major():
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("packed_here", [True, False], ids=["k-major", "mn-major"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t.groups}x{t.bn}-{t.stages}{'f' if t.in_flight else ''}")
 def test_gemm_matches_float64_on_gpu(tile, dtype, packed_here, rng):
     """Ragged M (every row tile but the last whole), several K tiles, fresh inputs; W staged K-major
-    (packed here, into (N, K)) and MN-major (given (K, N))."""
+    (packed here, into (N, K)) and MN-major (given (K, N), fp16/bf16); float32 as TF32 (its operands'
+    low mantissa bits dropped: TF32_TOLERANCE)."""
     torch = pytest.importorskip("torch")
     target = CudaTarget.detect()
-    if not wgmma_available(dtype, target):
+    if not wgmma_available(dtype, target, allow_tf32=True):
         pytest.skip("not a Hopper GPU")
+    if dtype == "float32" and not packed_here:
+        pytest.skip("TF32 wgmma has no MN-major operand")
     m, n, k = 333, 512, 384
     sch = gemm(m, n, k, dtype, packed_here)
     assert gemm_wgmma(sch, sch.get_sblock("C"), tile, dtype)
@@ -135,7 +140,7 @@ def test_gemm_matches_float64_on_gpu(tile, dtype, packed_here, rng):
     c = torch.full((m, n), float("nan"), device="cuda")
     f(*[from_dlpack(t.contiguous()) for t in (*args, c)])
     want = args[0].double().cpu().numpy() @ (args[1].double().cpu().numpy().T if packed_here else args[1].double().cpu().numpy())
-    assert np.linalg.norm(c.cpu().numpy() - want) / np.linalg.norm(want) < 1e-5
+    assert np.linalg.norm(c.cpu().numpy() - want) / np.linalg.norm(want) < (TF32_TOLERANCE if dtype == "float32" else 1e-5)
 
 
 @needs_tensorize
@@ -195,3 +200,26 @@ def test_the_wgmma_tiles_are_knobs():
     wide = recipe.resolve(ragged, H100, {"wgmma_hoisted": "2x256x4f"})  # 960 columns: not whole 256s
     assert on_wgmma(recipe.defaults(ragged, H100), ragged, H100)  # auto's tile fits (1 x 64)
     assert not on_wgmma(wide, ragged, H100) and not recipe.valid(ragged, H100, wide)
+
+
+@needs_tensorize
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_tf32_runs_both_gemms_on_wgmma(tmp_path):
+    """float32 with allow_tf32: the hoisted and the step GEMM on wgmma's k8 TF32 instruction, 32
+    fp32 a 128-byte K tile, every weight packed (N, K) by the lowering (PackedLayout.k_major: TF32
+    wgmma reads no (K, N) operand); nvcc compiles it. A step of 4 rows (FFMA) leaves the weights
+    (K, N), the hoisted GEMM on wgmma laying its own out (N, K). Without allow_tf32, no wgmma."""
+    cell = halstm.LSTM(256, 256)
+    f = halstm.compile(cell, 4, 64, "float32", target=H100, recipe="cuda-step-loop", allow_tf32=True)
+    source = f.module.mod.imports[0].inspect_source()
+    assert "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32" in source and "wmma::mma_sync" not in source
+    assert on_wgmma(f.knobs, f.program, H100) and on_wgmma(f.knobs, f.program, H100, step=True)
+    assert f.program.layout == PackedLayout(k_major=True)
+    assert_nvcc_compiles(source, tmp_path)
+    narrow = halstm.compile(cell, 4, 4, "float32", target=H100, recipe="cuda-step-loop", allow_tf32=True)
+    assert narrow.program.layout == PackedLayout() and on_wgmma(narrow.knobs, narrow.program, H100)
+    assert "tf32.tf32" in narrow.module.mod.imports[0].inspect_source()
+    fp32 = halstm.compile(cell, 4, 64, "float32", target=H100, recipe="cuda-step-loop")
+    assert "wgmma" not in fp32.module.mod.imports[0].inspect_source()
+    sch = gemm(64, 128, 96, "float32", packed_here=False)  # W (K, N): no TF32 wgmma
+    assert not gemm_wgmma(sch, sch.get_sblock("C"), WgmmaTile(1, 64, 4, False), "float32")
