@@ -64,11 +64,6 @@ class GradGemm:
     rows: int
     depth: int
 
-    @property
-    def reads_input(self) -> bool:
-        """As ``Gemm.reads_input``: never, its left operand is an adjoint the backward computes."""
-        return False
-
     def __str__(self):
         return f"{self.name} = {self.left} @ {self.right} -> {self.gives}"
 

@@ -77,7 +77,8 @@ class PackedLayout:
     """How a GEMM's stacked weights are stored, a choice the recipe makes: (K, N) rows; with
     ``k_major`` (N, K), each column's K weights contiguous (wgmma's K-major operand, the only one
     it reads for TF32); or with ``tile`` strips (ceil(N / tile), K, tile), zero-padded, each strip
-    contiguous.
+    contiguous. With ``tf32x3`` each float32 GEMM is three products that TF32 tensor cores take
+    almost exactly (``tf32_split``): K three times over, the weights [w_b; w_s; w_b].
 
     With ``units``, the columns of a GEMM whose N is a whole number G of gates of the state width
     ``width`` (LSTM: N = 4H) are stored grouped by units: ``units`` units of gate 0, the same units
@@ -89,12 +90,14 @@ class PackedLayout:
     units: int | None = None
     width: int = 0
     k_major: bool = False
+    tf32x3: bool = False
 
     def __post_init__(self):
         if self.k_major and self.tile is not None:
             raise ValueError("a k_major layout has no strips")
 
     def shape(self, depth: int, rows: int) -> tuple[int, ...]:
+        depth *= 3 if self.tf32x3 else 1
         if self.tile is not None:
             return (-(-rows // self.tile), depth, self.tile)
         return (rows, depth) if self.k_major else (depth, rows)
@@ -138,11 +141,40 @@ def stacked(gemm: Gemm, params: Params, n, k):
     return v
 
 
+TF32_BITS = 0xFFFFE000  # sign, exponent and the 10 mantissa bits TF32 keeps
+TF32_HALF = 0x1000  # half a unit of TF32's last mantissa bit
+
+
+def tf32_big(v):
+    """v rounded to TF32's 10 mantissa bits (to nearest, ties away from zero), as float32."""
+    bits = tvm.tirx.reinterpret("uint32", v) + tvm.tirx.const(TF32_HALF, "uint32")
+    return tvm.tirx.reinterpret("float32", bits & tvm.tirx.const(TF32_BITS, "uint32"))
+
+
+def tf32_split(a: te.Tensor, name: str) -> te.Tensor:
+    """[a_b, a_b, a_s] along K: a_b = tf32_big(a), a_s = a - a_b (exact in float32, |a_s| <=
+    2^-11 |a|). Against weights [w_b; w_s; w_b] the GEMM is a_b w_b + a_b w_s + a_s w_b = a w - a_s w_s:
+    a relative error of 2^-22 at most before TF32 tensor cores keep 10 of a_s's and w_s's bits
+    (2^-21 more), where one product of TF32 operands is off by up to 2^-10 (3xTF32, as CUTLASS
+    offers it)."""
+    depth = int(a.shape[1])
+
+    def at(b, k):
+        v = a[b, k % depth]
+        return te.if_then_else(k < 2 * depth, tf32_big(v), v - tf32_big(v))
+
+    return te.compute((a.shape[0], 3 * depth), at, name=name)
+
+
 def _packed(gemm: Gemm, params: Params, layout: PackedLayout, name: str) -> te.Tensor:
-    """The weights of a GEMM's matmuls stacked in call order, in ``layout``."""
+    """The weights of a GEMM's matmuls stacked in call order, in ``layout`` (``tf32x3``: [w_b; w_s;
+    w_b] along K, as ``tf32_split`` pairs them)."""
 
     def value(k, p):
-        return stacked(gemm, params, layout.logical(p, gemm.rows), k)
+        if not layout.tf32x3:
+            return stacked(gemm, params, layout.logical(p, gemm.rows), k)
+        w = stacked(gemm, params, layout.logical(p, gemm.rows), k % gemm.depth)
+        return te.if_then_else(k // gemm.depth == 1, w - tf32_big(w), tf32_big(w))
 
     def at(*i):
         if layout.tile is not None:
@@ -232,7 +264,8 @@ def trace_hoisted(plan: Plan, x, states, params, layout: PackedLayout) -> Hoiste
         if gemm.stage != 0:
             return None
         if gemm.name not in gemms:
-            gemms[gemm.name] = _gemm(a, packed[gemm.name], layout, gemm.rows, gemm.name)
+            operand = tf32_split(a, f"{gemm.name}_operand") if layout.tf32x3 else a
+            gemms[gemm.name] = _gemm(operand, packed[gemm.name], layout, gemm.rows, gemm.name)
             operands[gemm.name] = a
         return gemms[gemm.name]
 
@@ -303,7 +336,7 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodif
         if gemm.stage == 0:
             return x_proj[gemm.name]
         if gemm.name not in gemms:
-            operand = _operand(viewed.get(a.op, a), gemm)
+            operand = _operand(viewed.get(a.op, a), gemm, layout)
             gemms[gemm.name] = _gemm(operand, packed[gemm.name], layout, gemm.rows, gemm.name)
             operands[gemm.name] = a
         return gemms[gemm.name]
@@ -312,11 +345,13 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodif
     return StepTrace(x_proj, states, params, packed, gemms, operands, traced)
 
 
-def _operand(a: te.Tensor, gemm: Gemm) -> te.Tensor:
-    """A step GEMM's operand as its own block (``<gemm>_operand``), a copy recipes inline or keep.
-    A GPU recipe stages it in shared memory: a tile read straight from a state's row-block view
-    would copy the view's symbolic offset with it (TVM 0.27's reindex/cache_read)."""
-    return te.compute(a.shape, lambda b, k: a[b, k], name=f"{gemm.name}_operand")
+def _operand(a: te.Tensor, gemm: Gemm, layout: PackedLayout) -> te.Tensor:
+    """A step GEMM's operand as its own block (``<gemm>_operand``), a copy recipes inline or keep
+    (``tf32x3``: ``tf32_split``). A GPU recipe stages it in shared memory: a tile read straight from a
+    state's row-block view would copy the view's symbolic offset with it (TVM 0.27's
+    reindex/cache_read)."""
+    name = f"{gemm.name}_operand"
+    return tf32_split(a, name) if layout.tf32x3 else te.compute(a.shape, lambda b, k: a[b, k], name=name)
 
 
 def _view(name: str, buffer: str, row: str, rows: int, cols: int, dtype: str) -> str:

@@ -50,11 +50,6 @@ class Gemm:
     def depth(self) -> int:
         return self.members[0].depth
 
-    @property
-    def reads_input(self) -> bool:
-        """Whether the operand is an input or a state as given (x, h), not computed (r * h)."""
-        return isinstance(self.operand.op, te.PlaceholderOp)
-
     def offset(self, m: Matmul) -> int:
         """Where matmul m's columns start in the GEMM's result."""
         start = 0

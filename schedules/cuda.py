@@ -38,7 +38,7 @@ bm / tm row threads, so that a block is not mostly idle threads.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
@@ -131,6 +131,7 @@ class CudaStepLoop(Recipe):
         of GEMMs on wgmma at their first value (``_moot_wmma``), those of GEMMs off it (wgmma False
         in ``switches``) tuned as here."""
         k = super().defaults(program, target, switches)
+        program = self._lowered(program, target, k) if target is not None else program
         if target is not None and use_tensor_cores(k, program, target):
             k.update(_pipelined(k, program, target))
             if use_tensor_cores(k, program, target, program.batch):
@@ -201,6 +202,7 @@ class CudaStepLoop(Recipe):
         """It runs; knobs of a GEMM schedule that does not run stay at their first value, and a
         wgmma tile named is not the one "auto" picks for every GEMM of its kind (each would only
         repeat a candidate)."""
+        program = self._lowered(program, target, knobs)
         return (all(knobs[name] == self.knobs[name][0] for name in self._unused(program, target, knobs))
                 and not any(self._repeats_auto(program, target, knobs, step) for step in (False, True))
                 and self.runs(program, target, knobs))
@@ -237,14 +239,16 @@ class CudaStepLoop(Recipe):
         return space
 
     def _unused(self, program, target, knobs) -> tuple:
-        """The knobs that change nothing here."""
-        if not tensor_cores_available(program.dtype, target, program.allow_tf32):
+        """The knobs that change nothing here (``program`` as lowered for ``knobs``)."""
+        program = self._lowered(program, target, knobs)
+        on = {**knobs, "tensor_cores": True, "wgmma": True}
+        if not (tensor_cores_available(program.dtype, target, program.allow_tf32) or split_tf32(on, program, target)):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA + ("tensor_cores",)
         if not use_tensor_cores(knobs, program, target):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA
         step_tc = use_tensor_cores(knobs, program, target, program.batch)
         wgmma = on_wgmma(knobs, program, target), on_wgmma(knobs, program, target, step=True)
-        if not wgmma_available(program.dtype, target, program.allow_tf32):
+        if not wgmma_available(program.dtype, target, tf32_gemms(knobs, program, target)):
             tiles = self._WGMMA
         else:  # a tile knob of GEMMs off wgmma (or whose tile does not fit) changes nothing
             tiles = tuple(name for name, on in zip(("wgmma_hoisted", "wgmma_step"), wgmma) if not on)
@@ -265,11 +269,18 @@ class CudaStepLoop(Recipe):
         """Columns grouped by units (``PackedLayout.units``) where a step GEMM's epilogue fuses:
         the units of one column tile. (N, K) (``k_major``) where every GEMM runs on wgmma: the
         step's weights are packed by the prologue, outside the scope where ``gemm_wgmma`` could
-        lay them out so, and TF32 wgmma reads no other layout."""
-        if on_wgmma(knobs, program, target) and on_wgmma(knobs, program, target, step=True):
-            return PackedLayout(k_major=True)
+        lay them out so, and TF32 wgmma reads no other layout; exact float32 GEMMs then as three
+        TF32 products (``tf32x3``, ``split_tf32``)."""
+        split = split_tf32(knobs, program, target)
+        if split or (on_wgmma(knobs, program, target) and on_wgmma(knobs, program, target, step=True)):
+            return PackedLayout(k_major=True, tf32x3=split)
         units = epilogue_units(knobs, program, target)
         return PackedLayout(units=units, width=program.cell.hidden_size) if units else PackedLayout()
+
+    def _lowered(self, program, target, knobs):
+        """``program`` as ``halstm.compile`` lowers it for ``knobs`` (its layout)."""
+        layout = self.layout(program, target, knobs)
+        return program if layout == program.layout else replace(program, layout=layout)
 
     def apply(self, program, target, **knobs) -> Schedule:
         k = self.resolve(program, target, knobs)
@@ -493,13 +504,31 @@ def fuse_epilogue(sch: Schedule, gemm, knobs: dict, program, target):
 
 def on_wgmma(knobs: dict, program, target, step: bool = False) -> bool:
     """Whether the hoisted GEMMs (with ``step``, the step's, at B rows) all run on wgmma
-    (schedule_gemm): tensor cores and the knob on, a Hopper GPU and fp16/bf16, every such GEMM's
-    tile fitting its N and K and its operand read as given (``gemm_wgmma`` leaves a computed one,
-    ResetBeforeGRU's r * h, to WMMA)."""
+    (schedule_gemm): tensor cores and the knob on, a Hopper GPU, fp16/bf16 or float32 as TF32
+    (``tf32_gemms``), every such GEMM's tile fitting its N and K. ``gemm_wgmma`` also needs the
+    operand as given or computed for that GEMM alone: the backward's adjoints, which other blocks
+    read too, go to FFMA instead, whatever the layout."""
+    return _on_wgmma(knobs, program, target, step, tf32_gemms(knobs, program, target))
+
+
+def _on_wgmma(knobs: dict, program, target, step: bool, tf32: bool) -> bool:
     rows, gemms = _gemms(program, step)
-    return (use_tensor_cores(knobs, program, target, rows if step else None)
-            and all(g.reads_input and _wgmma_tile(knobs, program, target, rows, g.rows, g.depth, step)
-                    for g in gemms))
+    return (use_tensor_cores(knobs, program, target, rows if step else None, tf32)
+            and all(_wgmma_tile(knobs, program, target, rows, g.rows, g.depth, step, tf32) for g in gemms))
+
+
+def tf32_gemms(knobs: dict, program, target) -> bool:
+    """Whether float32 GEMMs may run on TF32 tensor cores: ``allow_tf32``, or exact float32 lowered as
+    three TF32 products each (PackedLayout.tf32x3) where they all run on wgmma (``split_tf32``)."""
+    return program.allow_tf32 or (program.layout.tf32x3 and split_tf32(knobs, program, target))
+
+
+def split_tf32(knobs: dict, program, target) -> bool:
+    """Whether exact float32 GEMMs run as three TF32 products each (``lowering.tf32_split``): no
+    allow_tf32, and every GEMM, hoisted and step, on TF32 wgmma. H100, LSTM T=100, exact float32
+    (FFMA) against 3xTF32: (measured in run 94)."""
+    return (program.dtype == "float32" and not program.allow_tf32
+            and all(_on_wgmma(knobs, program, target, step, tf32=True) for step in (False, True)))
 
 
 def _gemms(program, step: bool) -> tuple[int, list]:
@@ -509,10 +538,12 @@ def _gemms(program, step: bool) -> tuple[int, list]:
     return program.steps * program.batch, program.plan.hoisted
 
 
-def _wgmma_tile(knobs: dict, program, target, rows: int, cols: int, depth: int, step: bool) -> WgmmaTile | None:
+def _wgmma_tile(knobs: dict, program, target, rows: int, cols: int, depth: int, step: bool,
+                tf32: bool) -> WgmmaTile | None:
     """The wgmma tile of a rows x cols x depth GEMM (a step's with ``step``) where the knob is on,
-    the target and dtype have wgmma and the tile (wgmma_hoisted, wgmma_step) fits; else None."""
-    if not (knobs["wgmma"] and wgmma_available(program.dtype, target, program.allow_tf32)):
+    the target and dtype have wgmma (float32 where ``tf32``) and the tile (wgmma_hoisted,
+    wgmma_step) fits; else None."""
+    if not (knobs["wgmma"] and wgmma_available(program.dtype, target, tf32)):
         return None
     tile = _chosen_tile(knobs, rows, cols, target, step)
     return tile if tile.fits(cols, depth, program.dtype, target) else None
@@ -523,11 +554,12 @@ def _chosen_tile(knobs: dict, rows: int, cols: int, target, step: bool) -> Wgmma
     return wgmma_tile(rows, cols, target) if name == "auto" else WgmmaTile.parse(name)
 
 
-def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None) -> bool:
+def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None, tf32: bool | None = None) -> bool:
     """Whether a GEMM runs on tensor cores: the knob on, the target's tensor cores able to take the
-    dtype (tensor_cores_available), and for the step GEMM (``step_rows`` given) at least
-    TENSOR_CORE_MIN_ROWS rows."""
-    return (knobs["tensor_cores"] and tensor_cores_available(program.dtype, target, program.allow_tf32)
+    dtype (tensor_cores_available; float32 where ``tf32``, by default ``tf32_gemms``), and for the
+    step GEMM (``step_rows`` given) at least TENSOR_CORE_MIN_ROWS rows."""
+    tf32 = tf32_gemms(knobs, program, target) if tf32 is None else tf32
+    return (knobs["tensor_cores"] and tensor_cores_available(program.dtype, target, tf32)
             and (step_rows is None or step_rows >= TENSOR_CORE_MIN_ROWS))
 
 
@@ -538,7 +570,7 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     rows = _gemms(program, step)[0]
     if use_tensor_cores(knobs, program, target, rows if step else None):
         cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-2:])
-        wgmma = _wgmma_tile(knobs, program, target, rows, cols, depth, step)
+        wgmma = _wgmma_tile(knobs, program, target, rows, cols, depth, step, tf32_gemms(knobs, program, target))
         if wgmma is not None and gemm_wgmma(sch, block, wgmma, program.dtype):
             return
         if step:

@@ -135,18 +135,25 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
     run 79. Weights packed elsewhere (the step's, packed by the prologue: transform_layout refuses a
     buffer of the whole function) are read as stored: (N, K) where the lowering packed them so
     (``PackedLayout.k_major``), else (K, N), wgmma's MN-major operand: fp16/bf16 only (TF32 wgmma has
-    no transposed operand). Returns False, leaving the block alone, where the operands are
-    not plain ``dtype`` buffers or the layout is not one wgmma reads (float32: as TF32)."""
+    no transposed operand). A computed A (r * h; the split of PackedLayout.tf32x3) stays its own
+    kernel, stored in ``dtype`` (rounded, as WMMA's fetch rounds it). Returns False, leaving the
+    block alone, where an operand is not in ``dtype`` nor computed for this GEMM alone, or the layout
+    is not one wgmma reads (float32: as TF32)."""
     a_buffer, w_buffer = (r.source for r in sch.get(block).reads[:2])
     producers = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer)]
-    a_source = sch.get(producers[0]).reads[0].source if producers else a_buffer
+    copies = [is_pure_copy(sch, p) for p in producers]
+    a_source = sch.get(producers[0]).reads[0].source if producers and all(copies) else a_buffer
     k_by_n = sch.get(block).reads[1].region[0].min.same_as(sch.get(block).iter_vars[2].var)  # W[k, n]
     packings = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(w_buffer)]
-    if (w_buffer.dtype != dtype or a_source.dtype != dtype or (dtype == "float32" and k_by_n and not packings)
-            or any(not is_pure_copy(sch, p) or len(sch.get_consumers(p)) > 1 for p in producers)):
+    if (w_buffer.dtype != dtype or (a_source.dtype != dtype and all(copies))
+            or (dtype == "float32" and k_by_n and not packings)
+            or any(len(sch.get_consumers(p)) > 1 for p in producers)):
         return False
-    for producer in producers:
-        sch.compute_inline(producer)
+    for producer, copy in zip(producers, copies):
+        if copy:
+            sch.compute_inline(producer)
+        elif a_buffer.dtype != dtype:
+            sch.unsafe_set_dtype(producer, 0, dtype)
     rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-3:])
     if k_by_n and packings:
         sch.transform_layout(block, ("read", 1), lambda k, n: (n, k))

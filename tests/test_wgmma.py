@@ -162,7 +162,9 @@ def test_wmma_knobs_of_gemms_on_wgmma_are_not_searched():
     """Where both GEMMs run on wgmma their WMMA knobs change nothing: the defaults hold them at their
     first value, and on tensor cores the space varies only the wgmma tiles and the elementwise
     kernels' threads. With wgmma off (a switch: ``resolve``) the defaults tune them as before, in
-    both recipes. ResetBeforeGRU's r * h GEMM runs WMMA: its step knobs stay tuned and searched."""
+    both recipes. ResetBeforeGRU's r * h GEMM runs on wgmma too (r * h stored by a kernel of its
+    own); exact float32 as three TF32 products (split_tf32) the same, its FFMA knobs searched with
+    tensor cores off."""
     recipe = CudaStepLoop()
     lstm = halstm.lower(halstm.LSTM(1024, 1024), steps=100, batch=256, dtype="float16")
     on, off = recipe.defaults(lstm, H100), recipe.resolve(lstm, H100, {"wgmma": False})
@@ -173,8 +175,14 @@ def test_wmma_knobs_of_gemms_on_wgmma_are_not_searched():
     assert sorted((k["threads"], k["wgmma_hoisted"], k["wgmma_step"]) for k in wgmma) == sorted(itertools.product(
         recipe.knobs["threads"], ("auto", "2x128x5f", "1x128x6f", "1x64x4"), ("auto", "1x64x4", "2x128x5f")))
     reset = halstm.lower(halstm.ResetBeforeGRU(1024, 1024), steps=100, batch=256, dtype="float16")
-    assert not on_wgmma(recipe.defaults(reset, H100), reset, H100, step=True)
-    assert len({k["tc_step_k"] for k in recipe.space(reset, H100) if k["tensor_cores"] and k["wgmma"]}) > 1
+    assert on_wgmma(recipe.defaults(reset, H100), reset, H100, step=True)
+    assert len({k["tc_step_k"] for k in recipe.space(reset, H100) if k["tensor_cores"] and k["wgmma"]}) == 1
+    exact = halstm.lower(halstm.LSTM(1024, 1024), steps=100, batch=256)
+    space = recipe.space(exact, H100)
+    assert {(k["tensor_cores"], k["wgmma"]) for k in space} == {(True, True), (False, True)}
+    assert sorted((k["threads"], k["wgmma_hoisted"], k["wgmma_step"]) for k in space if k["tensor_cores"]) == sorted(
+        itertools.product(recipe.knobs["threads"], ("auto", "2x128x5f", "1x128x6f", "1x64x4"), ("auto", "1x64x4", "2x128x5f")))
+    assert len({k["block_cols"] for k in space if not k["tensor_cores"]}) > 1
     persistent = halstm.lower(halstm.LSTM(1024, 1024), steps=100, batch=64, dtype="float16")
     assert CudaPersistent().defaults(persistent, H100)["tc_hoisted_frags"] == 2  # moot on wgmma
     assert CudaPersistent().resolve(persistent, H100, {"wgmma": False})["tc_hoisted_frags"] == 4  # 128 x 128 tiles
@@ -208,7 +216,7 @@ def test_tf32_runs_both_gemms_on_wgmma(tmp_path):
     """float32 with allow_tf32: the hoisted and the step GEMM on wgmma's k8 TF32 instruction, 32
     fp32 a 128-byte K tile, every weight packed (N, K) by the lowering (PackedLayout.k_major: TF32
     wgmma reads no (K, N) operand); nvcc compiles it. A step of 4 rows (FFMA) leaves the weights
-    (K, N), the hoisted GEMM on wgmma laying its own out (N, K). Without allow_tf32, no wgmma."""
+    (K, N), the hoisted GEMM on wgmma laying its own out (N, K)."""
     cell = halstm.LSTM(256, 256)
     f = halstm.compile(cell, 4, 64, "float32", target=H100, recipe="cuda-step-loop", allow_tf32=True)
     source = f.module.mod.imports[0].inspect_source()
@@ -219,7 +227,27 @@ def test_tf32_runs_both_gemms_on_wgmma(tmp_path):
     narrow = halstm.compile(cell, 4, 4, "float32", target=H100, recipe="cuda-step-loop", allow_tf32=True)
     assert narrow.program.layout == PackedLayout() and on_wgmma(narrow.knobs, narrow.program, H100)
     assert "tf32.tf32" in narrow.module.mod.imports[0].inspect_source()
-    fp32 = halstm.compile(cell, 4, 64, "float32", target=H100, recipe="cuda-step-loop")
-    assert "wgmma" not in fp32.module.mod.imports[0].inspect_source()
     sch = gemm(64, 128, 96, "float32", packed_here=False)  # W (K, N): no TF32 wgmma
     assert not gemm_wgmma(sch, sch.get_sblock("C"), WgmmaTile(1, 64, 4, False), "float32")
+
+
+@needs_tensorize
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_exact_fp32_runs_as_three_tf32_products(tmp_path):
+    """float32 without allow_tf32: both GEMMs on TF32 wgmma over K three times over (PackedLayout.
+    tf32x3: the operand split [a_b, a_b, a_s] by a kernel of its own, the weights [w_b; w_s; w_b]),
+    no other tensor-core GEMM; nvcc compiles it. With tensor cores off, or a step too narrow for
+    tensor cores (B=4), FFMA alone, the layout plain."""
+    cell = halstm.LSTM(256, 256)
+    f = halstm.compile(cell, 4, 64, "float32", target=H100, recipe="cuda-step-loop")
+    source = f.module.mod.imports[0].inspect_source()
+    assert f.program.layout == PackedLayout(k_major=True, tf32x3=True) and not f.program.allow_tf32
+    assert "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32" in source and "wmma::" not in source
+    assert "tvm_builtin_ptx_wgmma_tf32_ss_mma_async_sync_aligned_m64n64k8_f32_tf32_tf32" in source
+    assert "+ (uint)4096) & (uint)4294959104" in source  # tf32_big: TF32_HALF, TF32_BITS
+    assert f.program.mod.script().count("T.reinterpret") >= 4
+    assert_nvcc_compiles(source, tmp_path)
+    for off in (halstm.compile(cell, 4, 64, "float32", target=H100, recipe="cuda-step-loop",
+                               knobs={"tensor_cores": False}),
+                halstm.compile(cell, 4, 4, "float32", target=H100, recipe="cuda-step-loop")):
+        assert off.program.layout == PackedLayout() and "wgmma" not in off.module.mod.imports[0].inspect_source()
