@@ -11,7 +11,7 @@ from tvm.runtime import from_dlpack
 from tvm.s_tir import Schedule
 
 import halstm
-from conftest import TF32_TOLERANCE, assert_nvcc_compiles, gpu_available
+from conftest import TF32_TOLERANCE, TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
 from halstm.lowering import PackedLayout
 from halstm.schedules import CudaPersistent, CudaStepLoop
 from halstm.schedules.cuda import on_wgmma
@@ -235,7 +235,7 @@ def test_tf32_runs_both_gemms_on_wgmma(tmp_path):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_exact_fp32_runs_as_three_tf32_products(tmp_path):
     """float32 without allow_tf32: both GEMMs on TF32 wgmma over K three times over (PackedLayout.
-    tf32x3: the operand split [a_b, a_b, a_s] by a kernel of its own, the weights [w_b; w_s; w_b]),
+    tf32x3: the operand split [a_s, a_b, a_b] by a kernel of its own, the weights [w_b; w_s; w_b]),
     no other tensor-core GEMM; nvcc compiles it. With tensor cores off, or a step too narrow for
     tensor cores (B=4), FFMA alone, the layout plain."""
     cell = halstm.LSTM(256, 256)
@@ -251,3 +251,26 @@ def test_exact_fp32_runs_as_three_tf32_products(tmp_path):
                                knobs={"tensor_cores": False}),
                 halstm.compile(cell, 4, 4, "float32", target=H100, recipe="cuda-step-loop")):
         assert off.program.layout == PackedLayout() and "wgmma" not in off.module.mod.imports[0].inspect_source()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+def test_exact_fp32_as_accurate_as_ffma_on_gpu(rng):
+    """LSTM T=50, B=64, H=1024 (K=1024: the small products' low bits matter) in exact float32:
+    three TF32 products within float32's tolerance of float64 and within 2x FFMA's own error."""
+    torch = pytest.importorskip("torch")
+    target = CudaTarget.detect()
+    if not wgmma_available("float32", target, allow_tf32=True):
+        pytest.skip("not a Hopper GPU")
+    cell = halstm.LSTM(1024, 1024)
+    x, params, states = random_inputs(cell, 50, 64, rng)
+    want, _ = halstm.reference(cell, np.asarray(x, np.float64), upcast(params), upcast(states))
+    to_gpu = lambda a: torch.from_numpy(np.asarray(a, np.float32)).cuda()
+    args = to_gpu(x), {k: to_gpu(v) for k, v in params.items()}, {k: to_gpu(v) for k, v in states.items()}
+    errors = {}
+    for on in (True, False):
+        f = halstm.compile(cell, 50, 64, "float32", target=target, recipe="cuda-step-loop",
+                           knobs={"tensor_cores": on}, database=False)
+        assert f.program.layout.tf32x3 == on
+        errors[on] = rel_err(f(*args)[0].cpu().numpy(), want)
+    assert errors[True] < TOLERANCE["float32"] and errors[True] < 2 * errors[False], errors
