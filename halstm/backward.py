@@ -153,7 +153,7 @@ def lower_backward(
     are packed in ``layout``'s strips, (K, N) otherwise, the gates' columns in order: columns grouped
     by units (a fused step epilogue's layout) would be gathers that autodiff cannot differentiate,
     and the backward packs its own weights, so it needs neither that grouping nor the forward's
-    K-major layout (its step GEMMs read computed operands, which stay off wgmma)."""
+    (N, K) layout or its float32 split (``tf32x3``): exact float32 stays on FFMA here."""
     backward = BackwardPlan(plan or make_plan(cell))
     layout = PackedLayout(tile=layout.tile) if layout else PackedLayout()
     bptt, kept = _bptt(backward, steps, batch, dtype, layout)

@@ -101,8 +101,8 @@ class CudaStepLoop(Recipe):
         # ResetBeforeGRU B=256 3.14 / 3.29, B=64 2.54 / 2.58 (an earlier run without the unrolled
         # epilogue had it 2.64 / 2.55); GRU does not fuse (3 gates, no whole units in a tile)
         "tc_epilogue": (True, False),
-        # fp16/bf16 GEMMs (TF32: the hoisted ones) on Hopper's wgmma (wgmma.py) rather than WMMA:
-        # alone 18-31 % faster hoisted, 29-35 % at a step's rows (run 79); the step's elementwise math then runs in a
+        # fp16/bf16 GEMMs (float32 as TF32) on Hopper's wgmma (wgmma.py) rather than WMMA: alone
+        # 18-31 % faster hoisted, 29-35 % at a step's rows (run 79); the step's elementwise math then runs in a
         # kernel of its own (tc_epilogue applies to WMMA: epilogue_units). H100 fp16 T=100 (run
         # 83), prepared ms, wgmma / WMMA: GRU (100,256,1024) 2.078 / 2.964 (cuDNN 2.255)
         "wgmma": (True, False),
@@ -509,8 +509,8 @@ def on_wgmma(knobs: dict, program, target, step: bool = False) -> bool:
     """Whether the hoisted GEMMs (with ``step``, the step's, at B rows) all run on wgmma
     (schedule_gemm): tensor cores and the knob on, a Hopper GPU, fp16/bf16 or float32 as TF32
     (``tf32_gemms``), every such GEMM's tile fitting its N and K. ``gemm_wgmma`` also needs the
-    operand as given or computed for that GEMM alone: the backward's adjoints, which other blocks
-    read too, go to FFMA instead, whatever the layout."""
+    operand as given or computed for that GEMM alone: one that other blocks read too goes to FFMA
+    (WMMA refuses it as well), which reads any layout."""
     return _on_wgmma(knobs, program, target, step, tf32_gemms(knobs, program, target))
 
 
