@@ -134,7 +134,7 @@ class CudaStepLoop(Recipe):
         of GEMMs on wgmma at their first value (``_moot_wmma``), those of GEMMs off it (wgmma False
         in ``switches``) tuned as here."""
         k = super().defaults(program, target, switches)
-        program = self._lowered(program, target, k) if target is not None else program
+        program = self.lowered(program, target, k) if target is not None else program
         if target is not None and use_tensor_cores(k, program, target):
             k.update(_pipelined(k, program, target))
             if use_tensor_cores(k, program, target, program.batch):
@@ -205,7 +205,7 @@ class CudaStepLoop(Recipe):
         """It runs; knobs of a GEMM schedule that does not run stay at their first value, and a
         wgmma tile named is not the one "auto" picks for every GEMM of its kind (each would only
         repeat a candidate)."""
-        program = self._lowered(program, target, knobs)
+        program = self.lowered(program, target, knobs)
         return (all(knobs[name] == self.knobs[name][0] for name in self._unused(program, target, knobs))
                 and not any(self._repeats_auto(program, target, knobs, step) for step in (False, True))
                 and self.runs(program, target, knobs))
@@ -243,7 +243,7 @@ class CudaStepLoop(Recipe):
 
     def _unused(self, program, target, knobs) -> tuple:
         """The knobs that change nothing here (``program`` as lowered for ``knobs``)."""
-        program = self._lowered(program, target, knobs)
+        program = self.lowered(program, target, knobs)
         on = {**knobs, "tensor_cores": True, "wgmma": True}
         if not (tensor_cores_available(program.dtype, target, program.allow_tf32) or split_tf32(on, program, target)):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA + ("tensor_cores",)
@@ -280,7 +280,7 @@ class CudaStepLoop(Recipe):
         units = epilogue_units(knobs, program, target)
         return PackedLayout(units=units, width=program.cell.hidden_size) if units else PackedLayout()
 
-    def _lowered(self, program, target, knobs):
+    def lowered(self, program, target, knobs):
         """``program`` as ``halstm.compile`` lowers it for ``knobs`` (its layout)."""
         layout = self.layout(program, target, knobs)
         return program if layout == program.layout else replace(program, layout=layout)
