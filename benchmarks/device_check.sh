@@ -6,7 +6,8 @@
 #
 # Stages (default: all, in this order), each writing into $OUT:
 #   tests   every GPU test (pytest -m gpu, 12 workers)                      pytest.log       ~2 min
-#   sweep   the wgmma tiles (and WMMA) of the fp16 step loop, and cuDNN      sweep-*.md/json  ~3 min
+#   sweep   the wgmma tiles (and WMMA) of the fp16 step loop; TF32 and exact
+#           fp32 against WMMA and FFMA; cuDNN                                sweep-*.md/json  (not timed whole)
 #   table   benchmarks/gpu.py on issue 3's shapes, fp16, TF32, fp32           results.*        ~3 min (run 15)
 # Run from /tmp: the bare halstm/ folder of the checkout would shadow the installed package.
 set -u
@@ -20,13 +21,15 @@ for stage in $stages; do
     tests)
       timeout 300 python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider -p no:timeout t/ > "$out/pytest.log" 2>&1
       tail -1 "$out/pytest.log" ;;
-    sweep)  # the wgmma tiles against auto's (wgmma.py), and WMMA with its own defaults; TF32 (WMMA) pipelining
+    sweep)  # the wgmma tiles against auto's (wgmma.py), and WMMA with its own defaults; TF32 and exact fp32
       for case in "LSTM 100,256,1024 float16" "LSTM 100,64,2048 float16" "GRU 100,256,1024 float16"; do
         python3 b/knob_sweep.py $case --knobs '{"wgmma_step":"1x64x4"}' '{"wgmma_step":"1x128x6f"}' \
           '{"wgmma_hoisted":"2x128x5f"}' '{"wgmma":false}' --out "$out" 2>&1 | grep "^|"
       done
-      python3 b/knob_sweep.py LSTM 100,64,1024 tf32 --knobs '{"tc_hoisted_frags":2}' '{"tc_stages":3}' --out "$out" 2>&1 | grep "^|"
-      python3 b/knob_sweep.py ResetBeforeGRU 100,256,1024 float16 --knobs '{"tc_stages":3}' --out "$out" 2>&1 | grep "^|" ;;
+      for case in "LSTM 100,64,1024 tf32" "LSTM 100,256,1024 float32"; do  # wgmma against WMMA, 3xTF32 against FFMA
+        python3 b/knob_sweep.py $case --knobs '{"wgmma":false}' '{"tensor_cores":false}' --out "$out" 2>&1 | grep "^|"
+      done
+      python3 b/knob_sweep.py ResetBeforeGRU 100,256,1024 float16 --knobs '{"wgmma":false}' --out "$out" 2>&1 | grep "^|" ;;
     table)
       timeout 420 python3 b/gpu.py --dtypes float16,tf32,float32 --no-compile --out "$out" > "$out/gpu.log" 2>&1
       tail -40 "$out/gpu.log" ;;

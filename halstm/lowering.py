@@ -77,8 +77,8 @@ class PackedLayout:
     """How a GEMM's stacked weights are stored, a choice the recipe makes: (K, N) rows; with
     ``k_major`` (N, K), each column's K weights contiguous (wgmma's K-major operand, the only one
     it reads for TF32); or with ``tile`` strips (ceil(N / tile), K, tile), zero-padded, each strip
-    contiguous. With ``tf32x3`` each float32 GEMM is three products that TF32 tensor cores take
-    almost exactly (``tf32_split``): K three times over, the weights [w_b; w_s; w_b].
+    contiguous. With ``tf32x3`` each float32 GEMM is three products of operands that TF32 holds
+    exactly (``tf32_split``): K three times over, the weights [w_b; w_s; w_b].
 
     With ``units``, the columns of a GEMM whose N is a whole number G of gates of the state width
     ``width`` (LSTM: N = 4H) are stored grouped by units: ``units`` units of gate 0, the same units
@@ -151,8 +151,13 @@ def tf32_big(v):
     return tvm.tirx.reinterpret("float32", bits & tvm.tirx.const(TF32_BITS, "uint32"))
 
 
+def tf32_small(v):
+    """What ``tf32_big`` leaves of v, itself rounded to TF32 (|a_s| <= 2^-11 |v|)."""
+    return tf32_big(v - tf32_big(v))
+
+
 def tf32_split(a: te.Tensor, name: str) -> te.Tensor:
-    """[a_s, a_b, a_b] along K: a_b = tf32_big(a), a_s = tf32_big(a - a_b). Against weights [w_b; w_s;
+    """[a_s, a_b, a_b] along K: a_b = tf32_big(a), a_s = tf32_small(a). Against weights [w_b; w_s;
     w_b] the GEMM is a_s w_b + a_b w_s + a_b w_b = a w - (a_s w_s + what the rounding of a_s, w_s
     drops): a relative error of about 2^-22 a product, which TF32 tensor cores then take exactly
     (3xTF32, as CUTLASS offers it). The small products come first, summed before the large ones:
@@ -163,7 +168,7 @@ def tf32_split(a: te.Tensor, name: str) -> te.Tensor:
 
     def at(b, k):
         v = a[b, k % depth]
-        return te.if_then_else(k < depth, tf32_big(v - tf32_big(v)), tf32_big(v))
+        return te.if_then_else(k < depth, tf32_small(v), tf32_big(v))
 
     return te.compute((a.shape[0], 3 * depth), at, name=name)
 
@@ -176,7 +181,7 @@ def _packed(gemm: Gemm, params: Params, layout: PackedLayout, name: str) -> te.T
         if not layout.tf32x3:
             return stacked(gemm, params, layout.logical(p, gemm.rows), k)
         w = stacked(gemm, params, layout.logical(p, gemm.rows), k % gemm.depth)
-        return te.if_then_else(k // gemm.depth == 1, tf32_big(w - tf32_big(w)), tf32_big(w))
+        return te.if_then_else(k // gemm.depth == 1, tf32_small(w), tf32_big(w))
 
     def at(*i):
         if layout.tile is not None:

@@ -233,7 +233,7 @@ class CudaStepLoop(Recipe):
         space = []
         for on, wgmma in itertools.product(self.knobs["tensor_cores"], self.knobs["wgmma"]):
             first = self.defaults(program, target, {"tensor_cores": on, "wgmma": wgmma})
-            unused = self._unused(program, target, first)
+            unused = self._unused(self.lowered(program, target, first), target, first)
             if any(first[n] != self.knobs[n][0] and n in unused for n in ("tensor_cores", "wgmma")):
                 continue
             names = [n for n in self.knobs if n not in ("tensor_cores", "wgmma") and n not in unused]
@@ -242,8 +242,7 @@ class CudaStepLoop(Recipe):
         return space
 
     def _unused(self, program, target, knobs) -> tuple:
-        """The knobs that change nothing here (``program`` as lowered for ``knobs``)."""
-        program = self.lowered(program, target, knobs)
+        """The knobs that change nothing here, ``program`` as lowered for ``knobs`` (``lowered``)."""
         on = {**knobs, "tensor_cores": True, "wgmma": True}
         if not (tensor_cores_available(program.dtype, target, program.allow_tf32) or split_tf32(on, program, target)):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA + ("tensor_cores",)
@@ -251,7 +250,7 @@ class CudaStepLoop(Recipe):
             return self._TENSOR_CORE + self._TENSOR_CORE_STEP + self._WGMMA
         step_tc = use_tensor_cores(knobs, program, target, program.batch)
         wgmma = on_wgmma(knobs, program, target), on_wgmma(knobs, program, target, step=True)
-        if not wgmma_available(program.dtype, target, tf32_gemms(knobs, program, target)):
+        if not wgmma_available(program.dtype, target, tf32_gemms(program)):
             tiles = self._WGMMA
         else:  # a tile knob of GEMMs off wgmma (or whose tile does not fit) changes nothing
             tiles = tuple(name for name, on in zip(("wgmma_hoisted", "wgmma_step"), wgmma) if not on)
@@ -511,7 +510,7 @@ def on_wgmma(knobs: dict, program, target, step: bool = False) -> bool:
     (``tf32_gemms``), every such GEMM's tile fitting its N and K. ``gemm_wgmma`` also needs the
     operand as given or computed for that GEMM alone: one that other blocks read too goes to FFMA
     (WMMA refuses it as well), which reads any layout."""
-    return _on_wgmma(knobs, program, target, step, tf32_gemms(knobs, program, target))
+    return _on_wgmma(knobs, program, target, step, tf32_gemms(program))
 
 
 def _on_wgmma(knobs: dict, program, target, step: bool, tf32: bool) -> bool:
@@ -520,10 +519,11 @@ def _on_wgmma(knobs: dict, program, target, step: bool, tf32: bool) -> bool:
             and all(_wgmma_tile(knobs, program, target, rows, g.rows, g.depth, step, tf32) for g in gemms))
 
 
-def tf32_gemms(knobs: dict, program, target) -> bool:
+def tf32_gemms(program) -> bool:
     """Whether float32 GEMMs may run on TF32 tensor cores: ``allow_tf32``, or exact float32 lowered as
-    three TF32 products each (PackedLayout.tf32x3) where they all run on wgmma (``split_tf32``)."""
-    return program.allow_tf32 or (program.layout.tf32x3 and split_tf32(knobs, program, target))
+    three TF32 products each (PackedLayout.tf32x3, which ``layout`` chooses where ``split_tf32``):
+    every operand of those TF32 holds exactly, so any GEMM schedule computes them as float32 does."""
+    return program.allow_tf32 or program.layout.tf32x3
 
 
 def split_tf32(knobs: dict, program, target) -> bool:
@@ -563,7 +563,7 @@ def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None,
     """Whether a GEMM runs on tensor cores: the knob on, the target's tensor cores able to take the
     dtype (tensor_cores_available; float32 where ``tf32``, by default ``tf32_gemms``), and for the
     step GEMM (``step_rows`` given) at least TENSOR_CORE_MIN_ROWS rows."""
-    tf32 = tf32_gemms(knobs, program, target) if tf32 is None else tf32
+    tf32 = tf32_gemms(program) if tf32 is None else tf32
     return (knobs["tensor_cores"] and tensor_cores_available(program.dtype, target, tf32)
             and (step_rows is None or step_rows >= TENSOR_CORE_MIN_ROWS))
 
@@ -575,7 +575,7 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     rows = _gemms(program, step)[0]
     if use_tensor_cores(knobs, program, target, rows if step else None):
         cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-2:])
-        wgmma = _wgmma_tile(knobs, program, target, rows, cols, depth, step, tf32_gemms(knobs, program, target))
+        wgmma = _wgmma_tile(knobs, program, target, rows, cols, depth, step, tf32_gemms(program))
         if wgmma is not None and gemm_wgmma(sch, block, wgmma, program.dtype):
             return
         if step:

@@ -139,6 +139,16 @@ class TensorCoreTile:
         return -(-rows // self.bm) * -(-cols // self.bn)
 
 
+def store_operand_in(sch: Schedule, block, dtype: str) -> None:
+    """The GEMM's operand A, where its block computes it in float32 (r * h; the step's
+    ``<gemm>_operand`` of an fp32 view), stored in ``dtype`` instead: rounded, as a torch cell in
+    ``dtype`` rounds it."""
+    a_buffer = sch.get(block).reads[0].source
+    if a_buffer.dtype != dtype:
+        producer = next(p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer))
+        sch.unsafe_set_dtype(producer, 0, dtype)
+
+
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
@@ -154,10 +164,7 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str, epil
     With ``epilogue`` the GEMM is one tile (bm x bn, K whole tiles) placed under the caller's
     block loop (``compute_at``) before the elementwise math that reads its result: that math reads
     the C tile, and the result never goes to global memory (cuda.py, ``fuse_epilogue``)."""
-    a_buffer = sch.get(block).reads[0].source
-    if a_buffer.dtype != dtype:
-        producer = next(p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer))
-        sch.unsafe_set_dtype(producer, 0, dtype)
+    store_operand_in(sch, block, dtype)
     rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-3:])
     whole = {0: rows % tile.bm == 0 and depth % tile.bk == 0, 1: depth % tile.bk == 0 and cols % tile.bn == 0}
     if not epilogue:

@@ -49,7 +49,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir._tensor_intrin import TensorIntrin
 from tvm.script import tirx as T
 
-from .cuda_tensorcore import BYTES, tensorize_works
+from .cuda_tensorcore import BYTES, store_operand_in, tensorize_works
 from .recipe import is_pure_copy
 
 ROW_BYTES = 128  # a K tile: one 128-byte swizzled row (64 fp16/bf16 elements, 32 fp32)
@@ -119,8 +119,9 @@ def wgmma_tile(rows: int, cols: int, target) -> WgmmaTile:
     577, without the group in flight 626-638). A step's few rows: one warpgroup, 128 columns in six
     stages (10.5 us at 256 x 4096 x 1024, 128 blocks) or, where that leaves half the SMs idle, 64
     columns in four (11.1 us at 64 x 8192 x 2048 against 11.7). With 8-byte stores (run 89): 387
-    against 422 us hoisted, a step's 7.3 against 7.7 and 9.0; the recipe's knobs wgmma_hoisted and
-    wgmma_step choose others."""
+    against 422 us hoisted, a step's 7.3 against 7.7 and 9.0; TF32 the same choice (run 92: 681 against
+    809 us hoisted, a step's 12.4 against 13.7); the recipe's knobs wgmma_hoisted and wgmma_step
+    choose others."""
     wide = WgmmaTile(2, 256, 4, True) if cols % 256 == 0 else WgmmaTile(2, 128, 5, True)
     if cols % wide.bn == 0 and wide.blocks(rows, cols) >= 4 * target.sms:
         return wide
@@ -152,8 +153,7 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
     for producer, copy in zip(producers, copies):
         if copy:
             sch.compute_inline(producer)
-        elif a_buffer.dtype != dtype:
-            sch.unsafe_set_dtype(producer, 0, dtype)
+    store_operand_in(sch, block, dtype)
     rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-3:])
     if k_by_n and packings:
         sch.transform_layout(block, ("read", 1), lambda k, n: (n, k))
