@@ -27,9 +27,8 @@ storage dtype. Then per step and stage:
                           in registers where they fit (knob "resident_weights"); stored to shared
                           memory (store_matrix_sync)
     __syncthreads
-    split-K sum           one thread per output adds the S partial tiles (when S > 1); __syncthreads
     fused elementwise     the expression of the cell's own block, printed from the step program, its
-                          GEMM columns read from shared memory
+                          GEMM columns read from shared memory, the S partials of each added there
     grid sync             before the next stage's GEMM and at the end of the step; or, at the end of
                           the step (knob "poll_states"), none: the next step's staging waits for
                           the state values themselves (``_Kernel.polled``)
@@ -108,6 +107,12 @@ MAX_TILE_REGISTERS = 64  # accumulators + operand registers a thread may hold (s
 # each at fp16/bf16 (16 x 16 halfs over 32 lanes), 64 at most beside the accumulators: a budget chosen,
 # not compared with others (ptxas: 58 registers a thread at LSTM fp16 B=16 H=512, 4 fragments a warp).
 MAX_RESIDENT_FRAGS = 16
+# Staged bytes a block polls a step above which the defaults put one waiter a producer first (knob
+# poll_waiters; ``_Kernel.poll_operand``). H100 fp16 T=100, prepared ms, without / with waiters (runs
+# 101-102): 16-32 KiB, LSTM (100,16,512) 0.222 / 0.231, (1024,16,768) 2.531 / 2.693, (512,64,512)
+# 1.630 / 1.687, GRU (100,16,512) 0.207 / 0.224 (and at B=8 0.229 / 0.223); 64 KiB, GRU (100,64,1024)
+# 0.700 / 0.590, LSTM there 0.814 / 0.812: a block's repeated polls of 64 KiB crowd L2.
+POLL_WAITERS_ABOVE_BYTES = 32 * 1024
 # The bits a polled state's sequence holds until its value is written (``_Kernel.polled``), by width:
 # a NaN with every bit set, which no arithmetic produces (canonical NaNs are positive).
 SENTINEL = {16: 0xFFFF, 32: 0xFFFFFFFF}
@@ -124,7 +129,8 @@ class CudaPersistent(Recipe):
     without a grid sync where the next one can wait for the states it stages (``_Kernel.polled``);
     ``warp_frags`` caps the 16-column fragments a warp accumulates on tensor cores (each operand
     fragment it loads feeds that many mma; ``_warp_frags`` picks them); ``resident_weights`` keeps a
-    warp's weight fragments in registers for all steps where at most MAX_RESIDENT_FRAGS fit."""
+    warp's weight fragments in registers for all steps where at most MAX_RESIDENT_FRAGS fit;
+    ``poll_waiters`` puts one waiter a producer before the polled staging (``poll_operand``)."""
 
     name = "cuda-persistent"
     knobs = {
@@ -139,6 +145,8 @@ class CudaPersistent(Recipe):
         "stage_operand": (True, False),
         # the step's end synchronised through the staged states' values instead of a grid sync
         "poll_states": (True, False),
+        # polled: one thread a producer first waits for its first value, then the staging polls
+        "poll_waiters": (False, True),
         "warp_frags": (4, 1, 2),
         # a warp's weight fragments loaded once into registers, not from shared memory every step
         "resident_weights": (True, False),
@@ -155,7 +163,7 @@ class CudaPersistent(Recipe):
         within the batch; the largest column tile that divides the block's columns; tensor cores
         where the dtype and arch allow them from TENSOR_CORE_MIN_BATCH rows; the hoisted
         GEMM's fragments as the step loop's. On tensor cores the batch over row blocks too
-        (``_row_blocks``)."""
+        (``_row_blocks``). Waiters before a polled staging above POLL_WAITERS_ABOVE_BYTES."""
         H, B = program.cell.hidden_size, program.batch
         k = super().defaults(program, target, switches)
         k["tc_hoisted_frags"] = _step_loop_defaults(program, target, k["wgmma"])["tc_hoisted_frags"]
@@ -166,6 +174,8 @@ class CudaPersistent(Recipe):
             k["tensor_cores"] = False
         if k["tensor_cores"]:
             k = _row_blocks(self, program, target, k)
+        kernel = _Kernel.plan(program, target, k)
+        k["poll_waiters"] = bool(kernel and kernel.polled) and kernel.polled_bytes > POLL_WAITERS_ABOVE_BYTES
         return k
 
     def preferred(self, program, target) -> bool:
@@ -197,9 +207,10 @@ class CudaPersistent(Recipe):
 
     def valid(self, program, target, knobs) -> bool:
         """It runs; tc_hoisted_frags stays at its first value where the hoisted GEMM is not on
-        WMMA tensor cores, wgmma where there is none, stage_operand, poll_states and resident_weights
-        where they change nothing (the operand is not staged anyway, or cannot stream; no state is
-        polled; no warp's weight fragments fit in registers): each would only repeat a candidate."""
+        WMMA tensor cores, wgmma where there is none, stage_operand, poll_states, resident_weights
+        and poll_waiters where they change nothing (the operand is not staged anyway, or cannot
+        stream; no state is polled; no warp's weight fragments fit in registers): each would only
+        repeat a candidate."""
         first = {n: knobs[n] == self.knobs[n][0] for n in ("tc_hoisted_frags", "wgmma")}
         hoisted = _prologue_knobs(program, target, knobs)
         wmma = use_tensor_cores(hoisted, program, target) and not on_wgmma(hoisted, program, target)
@@ -211,6 +222,8 @@ class CudaPersistent(Recipe):
         if not (knobs["poll_states"] or _Kernel.plan(program, target, {**knobs, "poll_states": True}).polled):
             return False
         if not (knobs["resident_weights"] or any(g.fits_registers for g in kernel.gemms)):
+            return False
+        if knobs["poll_waiters"] and not kernel.polled:
             return False
         staged = _Kernel.plan(program, target, {**knobs, "stage_operand": True}).staged
         return knobs["stage_operand"] or staged and not kernel.staged
@@ -237,12 +250,17 @@ class CudaPersistent(Recipe):
 
     def space(self, program, target) -> list[dict]:
         """As Recipe.space, but the knobs that change nothing are not enumerated (they stay at their
-        first value): the register tile on tensor cores, warp_frags and resident_weights on FFMA."""
+        first value): the register tile on tensor cores, warp_frags and resident_weights on FFMA;
+        poll_waiters is added to the settings whose kernel polls (where alone it is valid)."""
         out = []
         for on in self.knobs["tensor_cores"]:
             moot = ("tensor_cores", "tile_rows", "tile_cols") if on else ("tensor_cores", "warp_frags", "resident_weights")
-            names = [n for n in self.knobs if n not in moot]
-            out += [k for k in self.settings(names, {"tensor_cores": on}) if self.valid(program, target, k)]
+            names = [n for n in self.knobs if n not in moot + ("poll_waiters",)]
+            for k in self.settings(names, {"tensor_cores": on}):
+                if self.valid(program, target, k):
+                    out.append(k)
+                    if _Kernel.plan(program, target, k).polled:
+                        out.append({**k, "poll_waiters": not k["poll_waiters"]})
         return out
 
     def is_applicable(self, program, target) -> bool:
@@ -435,10 +453,13 @@ class _Gemm:
         spare = FRAG * self.ldc if self.tensor_cores and self.idle else 0
         return self.split * self.partial_stride + spare
 
-    @property
-    def gates(self) -> str:
-        """The buffer the elementwise math reads the GEMM's result from, indexed row * ldc + column."""
-        return f"g_s{self.index}" if self.split > 1 else f"part{self.index}"
+    def result(self, q: str) -> str:
+        """The GEMM's result at q = row * ldc + column, as the elementwise math reads it: its S
+        partials added there. A pass of all threads adding them into a buffer first, and two more
+        block barriers a step, was 2-9 % slower (H100, T=100, prepared ms, runs 101-102: fp16 LSTM
+        (1024,16,768) 2.531 / 2.633, (512,64,512) 1.630 / 1.724, GRU (100,64,1024) 0.590 / 0.624
+        with waiters, ResetBeforeGRU (100,16,512) 0.468 / 0.488; (100,16,512) 0.222 / 0.225)."""
+        return "(" + " + ".join(f"part{self.index}[{s * self.partial_stride} + {q}]" for s in range(self.split)) + ")"
 
 
 @dataclass(frozen=True)
@@ -473,7 +494,7 @@ class _Kernel:
         self.hoisted = hoisted  # (index, name, columns a block) of the hoisted GEMMs prefetched a step
         self.operands = _staged_operands(self.gemms)
         self.threads, self.units, self.row_blocks = knobs["threads"], knobs["units"], knobs["row_blocks"]
-        self.poll = knobs["poll_states"]
+        self.poll, self.waiters = knobs["poll_states"], knobs["poll_waiters"]
         self.H = program.cell.hidden_size
         self.groups = self.H // self.units  # unit groups; block p_bx has group p_bx % groups
         self.rows = program.batch // self.row_blocks  # rows of the batch a block; from row p_bx // groups * rows
@@ -552,6 +573,11 @@ class _Kernel:
             return ()
         return states
 
+    @property
+    def polled_bytes(self) -> int:
+        """Bytes of the operands a block stages a step (polled: every GEMM's)."""
+        return sum(g.B * g.K * BYTES[g.operand_dtype] for g in self.gemms)
+
     def flat(self, count: int, body, unroll: int = 1) -> list[str]:
         """A loop of all threads over ``count`` items, the index clamped (no condition around stores);
         ``unroll`` rounds at a time unrolled, so that a thread's loads of them are in flight together."""
@@ -611,18 +637,25 @@ class _Kernel:
 
     def poll_operand(self, g: _Gemm, v: int) -> list[str]:
         """The staging of ``stage_operand`` through the helpers of targets/cuda.py, from the second
-        step (the first stages the initial state): first one thread per unit group waits for the
-        first value that group's block writes of this block's rows (``halstm_wait_value``), then a
-        thread's STAGING_UNROLL vectors of v elements are loaded together and reloaded until none
-        holds the sentinel (``halstm_poll_stage``). Every thread polling every value from the start
-        was 10-50 % slower than the grid sync (H100, fp16, T=100: their loads crowd L2 while the
-        producers write); one waiter a producer first was 4-11 % faster on most shapes."""
+        step (the first stages the initial state): after a block barrier, a thread's STAGING_UNROLL
+        vectors of v elements are loaded together and reloaded until none holds the sentinel
+        (``halstm_poll_stage``); with ``poll_waiters``, before that barrier one thread per unit group
+        waits for the first value that group's block writes of this block's rows
+        (``halstm_wait_value``). Without waiters the barrier still waits for the step's input
+        projection (``prefetch``, issued first), which spaces the first polls from the step's end
+        by a global load: polling at once was 1.4-1.6x slower (run 101: the loads crowd L2 while
+        the producers write, as session 12 saw), after the barrier 1-12 % faster than the waiters,
+        whose phase was a third of the step (runs 99-100, H100 fp16 T=100, prepared ms, LSTM
+        (100,16,512) 0.234 / 0.265, (100,8,512) 0.228 / 0.240, (1024,16,768) 2.608 / 2.748, GRU
+        (100,16,512) 0.226 / 0.230)."""
         per_row, count, a, word = g.K // v, g.B * g.K // v, self.operands[g.index], BYTES[g.operand_dtype]
-        waiter = f"p_w * {self.threads} + p_tx"
-        first = f'{g.view}.access_ptr("r", offset=({self.global_row("0")}) * {g.K} + ({waiter}) * {self.units})'
-        lines = [f"for p_w in range({-(-self.groups // self.threads)}):", f"    if {waiter} < {self.groups}:",
-                 f'        T.evaluate(T.call_extern("void", "halstm_wait_value<{word}>", t > 0, {first}))',
-                 'T.tvm_storage_sync("shared")']
+        lines = ['T.tvm_storage_sync("shared")']
+        if self.waiters:
+            waiter = f"p_w * {self.threads} + p_tx"
+            first = f'{g.view}.access_ptr("r", offset=({self.global_row("0")}) * {g.K} + ({waiter}) * {self.units})'
+            lines = [f"for p_w in range({-(-self.groups // self.threads)}):", f"    if {waiter} < {self.groups}:",
+                     f'        T.evaluate(T.call_extern("void", "halstm_wait_value<{word}>", t > 0, {first}))',
+                     *lines]
         rounds = -(-count // self.threads)
         unroll = min(STAGING_UNROLL, rounds)
         pointers = []
@@ -647,24 +680,9 @@ class _Kernel:
                 f"            {state}_seq[{B} + ({i} * {v} + p_v) // {H}, ({i} * {v} + p_v) % {H}] = {sentinel}"]
 
     def gemm_text(self, g: _Gemm) -> list[str]:
-        """The GEMM's partial tiles, a sync, and their split-K sum."""
-        lines = (self.tensor_core_text(g) if g.tensor_cores else self.register_tile_text(g))
-        lines.append('T.tvm_storage_sync("shared")')
-        if g.split > 1:  # split-K sum, four independent chains per output
-            S, chains, i = g.split, min(4, g.split), g.index
-
-            def body(q):
-                return [
-                    f"for p_i in T.unroll({chains}):",
-                    "    acc[p_i] = T.float32(0)",
-                    f"for p_s in range({S // chains}):",
-                    f"    for p_i in T.unroll({chains}):",
-                    f"        acc[p_i] = acc[p_i] + part{i}[(p_s * {chains} + p_i) * {g.partial_stride} + {q}]",
-                    f"g_s{i}[{q}] = " + " + ".join(f"acc[{c}]" for c in range(chains)),
-                ]
-
-            lines += self.flat(g.B * g.ldc, body) + ['T.tvm_storage_sync("shared")']
-        return lines
+        """The GEMM's partial tiles and a sync (the elementwise math adds the partials: ``result``)."""
+        return (self.tensor_core_text(g) if g.tensor_cores else self.register_tile_text(g)) + [
+            'T.tvm_storage_sync("shared")']
 
     def warp_tile(self, g: _Gemm) -> tuple[str, str, str, str, str]:
         """(work, part, row, column, k of chunk p_c) of this warp's tile on tensor cores."""
@@ -811,19 +829,17 @@ class _Kernel:
             i = g.index
             out += [(f"w_s{i}", g.ldc * g.stride, self.p.dtype, "shared.dyn"),
                     (f"part{i}", g.partial_size, "float32", "shared.dyn")]
-            if g.split > 1:
-                out.append((f"g_s{i}", g.B * g.ldc, "float32", "shared.dyn"))
         if self.staged:
             out += [(a.name, a.rows * a.stride, a.dtype, "shared.dyn")
                     for a in dict.fromkeys(self.operands.values())]
         out += [(f"x_s{i}", self.rows * C, "float32", "shared.dyn") for i, _, C in self.hoisted]
         out = [(name, _round_up(size, SHARED_GRANULE // BYTES[dtype]), dtype, scope)
                for name, size, dtype, scope in out]
-        # registers: the split-K sum's chains, the FFMA tile (the WMMA fragments: tensor_core_text)
+        # registers: the FFMA tile (the WMMA fragments: tensor_core_text)
         ffma = [g for g in gemms if not g.tensor_cores]
-        out.append(("acc", max([4] + [g.tm * g.tn for g in ffma]), "float32", "local"))
         if ffma:
-            out += [("a_r", max(g.tm for g in ffma) * VECTOR, "float32", "local"),
+            out += [("acc", max(g.tm * g.tn for g in ffma), "float32", "local"),
+                    ("a_r", max(g.tm for g in ffma) * VECTOR, "float32", "local"),
                     ("w_r", max(g.tn for g in ffma) * VECTOR, "float32", "local")]
         out += [(f"wf{g.index}", g.chunks * g.frags * FRAG * FRAG, self.p.dtype, "wmma.matrix_b")
                 for g in gemms if g.resident]
@@ -960,21 +976,21 @@ def _on_chip(value: str, ivs, gemms, hoisted, H: int, U: int) -> str | None:
     None when it reads a step GEMM's result anywhere else; other input-projection reads stay global."""
     row, unit = ivs
 
-    def rewrite(value, buffer, shared, columns):
+    def rewrite(value, buffer, read, columns):
         def gate(m):
             column = int(m.group(1) or 0)
             if column % H:
                 return m.group(0)
-            return f"{shared}[p_lr * {columns} + {column // H * U} + p_ul]"
+            return read(f"p_lr * {columns} + {column // H * U} + p_ul")
 
         return re.sub(rf"\b{buffer}\[{row}, {unit}(?: \+ (\d+))?\]", gate, value)
 
     for g in gemms:
-        value = rewrite(value, g.name, g.gates, g.ldc)
+        value = rewrite(value, g.name, g.result, g.ldc)
         if re.search(rf"\b{g.name}\[", value):
             return None
     for i, name, columns in hoisted:
-        value = rewrite(value, f"{name}_t", f"x_s{i}", columns)
+        value = rewrite(value, f"{name}_t", lambda q, i=i: f"x_s{i}[{q}]", columns)
     return value
 
 

@@ -87,14 +87,15 @@ def test_reset_before_gru_stages_one_operand_for_both_gemms():
     """ResetBeforeGRU at B=64, H=1024 fp16: its two step GEMMs (h, then r * h after a grid sync) stage
     their 129 KiB operands one after the other in one buffer; with two they took 352.5 KiB, beyond
     the 227 KiB, and the GEMMs fell back to FFMA with the operand in global memory. Now on tensor
-    cores, in the 223.5 KiB that TVM allocates (8 units, one row block: the defaults before row blocks)."""
+    cores, in the 215.5 KiB that TVM allocates (8 units, one row block: the defaults before row blocks;
+    the elementwise math adds the split-K partials, no buffer of their sum)."""
     program = _program(halstm.ResetBeforeGRU, batch=64, hidden=1024, dtype="float16", inputs=32)
     old = {"units": 8, "row_blocks": 1}
     knobs = CudaPersistent().resolve(program, H100, old)
     kernel = _Kernel.plan(program, H100, knobs)
     assert knobs["tensor_cores"] and kernel.staged
     assert [name for name, *_ in kernel.buffers() if name.startswith("a_s")] == ["a_s1"]
-    assert kernel.shared_bytes() == _allocated_shared_bytes(program, **old) == 228864 <= H100.shared_memory
+    assert kernel.shared_bytes() == _allocated_shared_bytes(program, **old) == 220672 <= H100.shared_memory
     _, source = _generate(halstm.ResetBeforeGRU(32, 1024), 2, 64, "float16", {"resident_weights": False})
     assert source.count("wmma::mma_sync(") == 2  # one loop of mma per GEMM: both on tensor cores
 
@@ -282,6 +283,36 @@ def test_defaults_split_k_over_the_threads():
     (g,) = kernel.gemms
     assert (g.C, g.tm, g.tn, g.tiles, g.split, g.chunks) == (16, 4, 4, 16, 16, 8)
     assert g.tiles * g.split == kernel.threads and kernel.grid == 128
+
+
+def test_math_adds_the_split_k_partials():
+    """B=16, H=512 (16 split-K parts): no pass of all threads sums the partial tiles into a buffer;
+    the elementwise math reads each gate's 16 partials and adds them."""
+    program = _program()
+    kernel = _Kernel.plan(program, H100, CudaPersistent().defaults(program, H100))
+    (g,) = kernel.gemms
+    assert g.split == 16 and not any(name.startswith("g_s") for name, *_ in kernel.buffers())
+    h_next = next(line for line in _step_text(program).splitlines() if "h_next[" in line and " = " in line)
+    assert h_next.count(f"part{g.index}[{15 * g.partial_stride} + ") == 4  # the four gates' last partials
+
+
+@pytest.mark.parametrize("cell, batch, hidden, waiters", [
+    (halstm.LSTM, 16, 512, False),  # 16 KiB staged a step
+    (halstm.LSTM, 64, 512, False),  # 2 row blocks: 32 KiB
+    (halstm.GRU, 64, 1024, True),  # 2 row blocks: 64 KiB
+], ids=lambda v: getattr(v, "__name__", str(v)))
+def test_defaults_put_waiters_before_the_polled_staging_above_32_kib(cell, batch, hidden, waiters):
+    """fp16: one waiter a producer before the polled staging only where a block stages more than
+    POLL_WAITERS_ABOVE_BYTES a step; without, a barrier still precedes it (after the prefetch)."""
+    program = _program(cell, batch=batch, hidden=hidden, dtype="float16")
+    knobs = CudaPersistent().defaults(program, H100)
+    kernel = _Kernel.plan(program, H100, knobs)
+    assert kernel.polled and knobs["poll_waiters"] == waiters == (kernel.polled_bytes > 32 * 1024)
+    step = _step_text(program)
+    step = step[step.index('T.sblock("step")'):]
+    assert ("halstm_wait_value" in step) == waiters
+    before_staging = step[:step.index("halstm_poll_stage")]
+    assert before_staging.count("x_proj0_t[") == 1 and before_staging.count("T.tvm_storage_sync") == 1
 
 
 def test_cells_with_dependent_gates_keep_their_extra_grid_sync():
@@ -553,8 +584,17 @@ def test_emulated_gemms_sharing_one_staged_operand_match_reference():
     _check_emulation(halstm.ResetBeforeGRU, B, I, H, knobs, dtype="float16", target=small)
 
 
+@pytest.mark.parametrize("cell", [halstm.LSTM, halstm.GRU], ids=lambda c: c.__name__)
+def test_emulated_waiters_match_reference_without_races(cell):
+    B, I, H, knobs = EMULATED[0]
+    program = _program(cell, batch=B, hidden=H, inputs=I)
+    assert _Kernel.plan(program, H100, CudaPersistent().resolve(program, H100, {**knobs, "poll_waiters": True})).polled
+    _check_emulation(cell, B, I, H, {**knobs, "poll_waiters": True})
+
+
 def test_emulator_finds_a_race():
-    """Without the sync between the partial tiles and their sum, the emulation reports a race."""
+    """Without the sync between the partial tiles and the math that adds them, the emulation reports
+    a race."""
     B, I, H, knobs = EMULATED[0]
     step = _Kernel.step
 
@@ -608,7 +648,8 @@ def test_matches_reference_on_gpu(cell, dtype, batch, hidden, rng):
 @pytest.mark.parametrize("knobs", [
     {"units": 8, "tile_rows": 2, "tile_cols": 8, "threads": 128, "max_split": 8},
     {"units": 16, "tile_rows": 1, "tile_cols": 2, "threads": 512, "max_split": 128},
-], ids=["few-blocks", "many-parts"])
+    {"poll_waiters": True},
+], ids=["few-blocks", "many-parts", "waiters"])
 def test_other_knobs_match_reference_on_gpu(knobs, rng):
     _check_on_gpu(halstm.LSTM(16, 256), 20, 3, "float32", rng, knobs)
 
