@@ -163,7 +163,8 @@ class CudaPersistent(Recipe):
         within the batch; the largest column tile that divides the block's columns; tensor cores
         where the dtype and arch allow them from TENSOR_CORE_MIN_BATCH rows; the hoisted
         GEMM's fragments as the step loop's. On tensor cores the batch over row blocks too
-        (``_row_blocks``). Waiters before a polled staging above POLL_WAITERS_ABOVE_BYTES."""
+        (``_row_blocks``). Waiters before a polled staging above POLL_WAITERS_ABOVE_BYTES, or where
+        no input projection is prefetched first (``poll_operand``)."""
         H, B = program.cell.hidden_size, program.batch
         k = super().defaults(program, target, switches)
         k["tc_hoisted_frags"] = _step_loop_defaults(program, target, k["wgmma"])["tc_hoisted_frags"]
@@ -175,7 +176,8 @@ class CudaPersistent(Recipe):
         if k["tensor_cores"]:
             k = _row_blocks(self, program, target, k)
         kernel = _Kernel.plan(program, target, k)
-        k["poll_waiters"] = bool(kernel and kernel.polled) and kernel.polled_bytes > POLL_WAITERS_ABOVE_BYTES
+        k["poll_waiters"] = bool(kernel and kernel.polled) and (kernel.polled_bytes > POLL_WAITERS_ABOVE_BYTES
+                                                              or not kernel.hoisted)
         return k
 
     def preferred(self, program, target) -> bool:
