@@ -110,8 +110,9 @@ MAX_RESIDENT_FRAGS = 16
 # Staged bytes a block polls a step above which the defaults put one waiter a producer first (knob
 # poll_waiters; ``_Kernel.poll_operand``). H100 fp16 T=100, prepared ms, without / with waiters (runs
 # 101-102): 16-32 KiB, LSTM (100,16,512) 0.222 / 0.231, (1024,16,768) 2.531 / 2.693, (512,64,512)
-# 1.630 / 1.687, GRU (100,16,512) 0.207 / 0.224 (and at B=8 0.229 / 0.223); 64 KiB, GRU (100,64,1024)
-# 0.700 / 0.590, LSTM there 0.814 / 0.812: a block's repeated polls of 64 KiB crowd L2.
+# 1.630 / 1.687 (GRU (100,16,512) 0.207 and LSTM (100,8,512) 0.229 against 0.224 and 0.223 for the
+# kernel before, with waiters and a separate split-K sum); 64 KiB, GRU (100,64,1024) 0.700 / 0.590,
+# LSTM there 0.814 / 0.812: a block's repeated polls of 64 KiB crowd L2.
 POLL_WAITERS_ABOVE_BYTES = 32 * 1024
 # The bits a polled state's sequence holds until its value is written (``_Kernel.polled``), by width:
 # a NaN with every bit set, which no arithmetic produces (canonical NaNs are positive).
