@@ -78,7 +78,8 @@ class PackedLayout:
     ``k_major`` (N, K), each column's K weights contiguous (wgmma's K-major operand, the only one
     it reads for TF32); or with ``tile`` strips (ceil(N / tile), K, tile), zero-padded, each strip
     contiguous. With ``tf32x3`` each float32 GEMM is three products of operands that TF32 holds
-    exactly (``tf32_split``): K three times over, the weights [w_b; w_s; w_b].
+    exactly (``tf32_split``): K three times over, the weights [w_b; w_s; w_b]. With ``hoisted_only``
+    ``k_major`` and ``tf32x3`` are the hoisted GEMMs' alone; the step's keep (K, N) rows (``of``).
 
     With ``units``, the columns of a GEMM whose N is a whole number G of gates of the state width
     ``width`` (LSTM: N = 4H) are stored grouped by units: ``units`` units of gate 0, the same units
@@ -91,10 +92,15 @@ class PackedLayout:
     width: int = 0
     k_major: bool = False
     tf32x3: bool = False
+    hoisted_only: bool = False
 
     def __post_init__(self):
         if self.k_major and self.tile is not None:
             raise ValueError("a k_major layout has no strips")
+
+    def of(self, gemm: Gemm) -> PackedLayout:
+        """The layout of ``gemm``'s weights and operand."""
+        return PackedLayout() if self.hoisted_only and gemm.stage > 0 else self
 
     def shape(self, depth: int, rows: int) -> tuple[int, ...]:
         depth *= 3 if self.tf32x3 else 1
@@ -264,15 +270,15 @@ class Hoisted:
 
 
 def trace_hoisted(plan: Plan, x, states, params, layout: PackedLayout) -> Hoisted:
-    packed = {g.name: _packed(g, params, layout, f"w_packed{i}") for i, g in enumerate(plan.gemms)}
+    packed = {g.name: _packed(g, params, layout.of(g), f"w_packed{i}") for i, g in enumerate(plan.gemms)}
     gemms, operands = {}, {}
 
     def gemm_result(gemm, a, _weight):
         if gemm.stage != 0:
             return None
         if gemm.name not in gemms:
-            operand = tf32_split(a, f"{gemm.name}_operand") if layout.tf32x3 else a
-            gemms[gemm.name] = _gemm(operand, packed[gemm.name], layout, gemm.rows, gemm.name)
+            operand = tf32_split(a, f"{gemm.name}_operand") if layout.of(gemm).tf32x3 else a
+            gemms[gemm.name] = _gemm(operand, packed[gemm.name], layout.of(gemm), gemm.rows, gemm.name)
             operands[gemm.name] = a
         return gemms[gemm.name]
 
@@ -331,7 +337,7 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodif
     states = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}_t") for s in cell.states]
     x_proj = {g.name: te.placeholder((batch, g.rows), ACCUMULATE, name=f"{g.name}_t") for g in plan.hoisted}
     packed = {
-        g.name: te.placeholder(layout.shape(g.depth, g.rows), dtype, name=f"w_packed{i}")
+        g.name: te.placeholder(layout.of(g).shape(g.depth, g.rows), dtype, name=f"w_packed{i}")
         for i, g in enumerate(plan.gemms)
         if g.stage > 0
     }
@@ -343,8 +349,8 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodif
         if gemm.stage == 0:
             return x_proj[gemm.name]
         if gemm.name not in gemms:
-            operand = _operand(viewed.get(a.op, a), gemm, layout)
-            gemms[gemm.name] = _gemm(operand, packed[gemm.name], layout, gemm.rows, gemm.name)
+            operand = _operand(viewed.get(a.op, a), gemm, layout.of(gemm))
+            gemms[gemm.name] = _gemm(operand, packed[gemm.name], layout.of(gemm), gemm.rows, gemm.name)
             operands[gemm.name] = a
         return gemms[gemm.name]
 
@@ -403,7 +409,7 @@ def skeleton(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayou
     args += [Arg(f"{s}_seq", ((T + 1) * B, H), dtype, "output") for s in cell.states]
     allocs = [f'{g.name} = T.alloc_buffer(({T * B}, {g.rows}), "{ACCUMULATE}")' for g in plan.hoisted]
     allocs += [
-        f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")'
+        f'w_packed{i} = T.alloc_buffer({layout.of(g).shape(g.depth, g.rows)}, "{dtype}")'
         for i, g in enumerate(plan.gemms)
         if g.stage > 0
     ]

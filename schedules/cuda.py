@@ -510,7 +510,7 @@ def on_wgmma(knobs: dict, program, target, step: bool = False) -> bool:
     (``tf32_gemms``), every such GEMM's tile fitting its N and K. ``gemm_wgmma`` also needs the
     operand as given or computed for that GEMM alone: one that other blocks read too goes to FFMA
     (WMMA refuses it as well), which reads any layout."""
-    return _on_wgmma(knobs, program, target, step, tf32_gemms(program))
+    return _on_wgmma(knobs, program, target, step, tf32_gemms(program, step))
 
 
 def _on_wgmma(knobs: dict, program, target, step: bool, tf32: bool) -> bool:
@@ -519,21 +519,25 @@ def _on_wgmma(knobs: dict, program, target, step: bool, tf32: bool) -> bool:
             and all(_wgmma_tile(knobs, program, target, rows, g.rows, g.depth, step, tf32) for g in gemms))
 
 
-def tf32_gemms(program) -> bool:
-    """Whether float32 GEMMs may run on TF32 tensor cores: ``allow_tf32``, or exact float32 lowered as
-    three TF32 products each (PackedLayout.tf32x3, which ``layout`` chooses where ``split_tf32``):
-    every operand of those TF32 holds exactly, so any GEMM schedule computes them as float32 does."""
-    return program.allow_tf32 or program.layout.tf32x3
+def tf32_gemms(program, step: bool = False) -> bool:
+    """Whether float32 GEMMs (with ``step``, the step's) may run on TF32 tensor cores: ``allow_tf32``,
+    or exact float32 lowered as three TF32 products each (PackedLayout.tf32x3, which ``layout``
+    chooses where ``split_tf32``; the hoisted GEMMs' alone with ``hoisted_only``): every operand of
+    those TF32 holds exactly, so any GEMM schedule computes them as float32 does."""
+    layout = program.layout
+    return program.allow_tf32 or (layout.tf32x3 and not (step and layout.hoisted_only))
 
 
-def split_tf32(knobs: dict, program, target) -> bool:
+def split_tf32(knobs: dict, program, target, hoisted_only: bool = False) -> bool:
     """Whether exact float32 GEMMs run as three TF32 products each (``lowering.tf32_split``): no
-    allow_tf32, and every GEMM, hoisted and step, on TF32 wgmma. H100, T=100, whole calls, FFMA /
-    three TF32 products (run 96, one process): LSTM (100,256,1024) 15.525 / 7.050 ms, (100,64,2048)
-    21.910 / 12.004, GRU (100,64,1024) 6.138 / 4.139; relative errors against float64 5.5e-6 /
-    6.0e-6, 5.5e-6 / 7.1e-6, 4.5e-6 / 5.1e-6. cuDNN without TF32 (run 94): 11.281, 11.508, 4.523 ms."""
+    allow_tf32, and every GEMM, hoisted and step (with ``hoisted_only``, hoisted), on TF32 wgmma.
+    H100, T=100, whole calls, FFMA / three TF32 products (run 96, one process): LSTM (100,256,1024)
+    15.525 / 7.050 ms, (100,64,2048) 21.910 / 12.004, GRU (100,64,1024) 6.138 / 4.139; relative
+    errors against float64 5.5e-6 / 6.0e-6, 5.5e-6 / 7.1e-6, 4.5e-6 / 5.1e-6. cuDNN without TF32
+    (run 94): 11.281, 11.508, 4.523 ms."""
+    steps = (False,) if hoisted_only else (False, True)
     return (program.dtype == "float32" and not program.allow_tf32
-            and all(_on_wgmma(knobs, program, target, step, tf32=True) for step in (False, True)))
+            and all(_on_wgmma(knobs, program, target, step, tf32=True) for step in steps))
 
 
 def _gemms(program, step: bool) -> tuple[int, list]:
@@ -563,7 +567,7 @@ def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None,
     """Whether a GEMM runs on tensor cores: the knob on, the target's tensor cores able to take the
     dtype (tensor_cores_available; float32 where ``tf32``, by default ``tf32_gemms``), and for the
     step GEMM (``step_rows`` given) at least TENSOR_CORE_MIN_ROWS rows."""
-    tf32 = tf32_gemms(program) if tf32 is None else tf32
+    tf32 = tf32_gemms(program, step_rows is not None) if tf32 is None else tf32
     return (knobs["tensor_cores"] and tensor_cores_available(program.dtype, target, tf32)
             and (step_rows is None or step_rows >= TENSOR_CORE_MIN_ROWS))
 
@@ -575,7 +579,7 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     rows = _gemms(program, step)[0]
     if use_tensor_cores(knobs, program, target, rows if step else None):
         cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-2:])
-        wgmma = _wgmma_tile(knobs, program, target, rows, cols, depth, step, tf32_gemms(program))
+        wgmma = _wgmma_tile(knobs, program, target, rows, cols, depth, step, tf32_gemms(program, step))
         if wgmma is not None and gemm_wgmma(sch, block, wgmma, program.dtype):
             return
         if step:

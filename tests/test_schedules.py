@@ -110,7 +110,8 @@ def test_grouped_columns_are_a_permutation_and_keep_the_math():
     units (a fused step epilogue's layout, schedules/cuda.py): ``column`` and ``logical`` are
     inverse permutations, a width that is no multiple of H keeps its order, and the unscheduled
     program computes the same sequences grouped as plain, and as with weights packed (N, K)
-    (``k_major``, wgmma's operand); as three TF32 products (``tf32x3``) within 1e-6 of them."""
+    (``k_major``, wgmma's operand); as three TF32 products (``tf32x3``; the hoisted GEMMs' alone,
+    ``hoisted_only``, the step's weights (K, N)) within 1e-6 of them."""
     grouped = PackedLayout(units=4, width=16)
     for rows in (64, 48):
         stored = [grouped.column(n, rows) for n in range(rows)]
@@ -123,13 +124,19 @@ def test_grouped_columns_are_a_permutation_and_keep_the_math():
         x, params, states = random_inputs(cell, 3, 2, rng)
         runs, programs = [], [halstm.lower(cell, 3, 2, layout=layout)
                               for layout in (PackedLayout(), grouped, PackedLayout(k_major=True),
-                                             PackedLayout(k_major=True, tf32x3=True))]
+                                             PackedLayout(k_major=True, tf32x3=True),
+                                             PackedLayout(k_major=True, tf32x3=True, hoisted_only=True))]
         for program in programs:
             module = tvm.compile(program.mod, tvm.target.Target({"kind": "llvm"}))
             runs.append(SequenceFunction(module["main"], signature(program), tvm.cpu()).sequences(x, params, states))
         gates = program.plan.stages[0][0].rows // 16
         assert f"= gemm0[v_b, v_n % 16 // 4 * {4 * gates} + v_n // 16 * 4 + v_n % 4]" in programs[1].mod.script()
         assert "w_packed1[v_n, v_k]" in programs[2].mod.script() and "T.reinterpret" in programs[3].mod.script()
+        hoisted_only = programs[4].mod.script()
+        assert "w_packed0[v_n, v_k]" in hoisted_only and "w_packed1[v_k, v_n]" in hoisted_only
+        assert "x_proj0_operand = T.sblock_alloc_buffer((6, 24))" in hoisted_only  # split: K three times
+        assert "gemm0_operand = T.sblock_alloc_buffer((2, 16))" in hoisted_only  # the step's: a copy
         for s in cell.states:
             assert np.array_equal(runs[0][s], runs[1][s]) and np.abs(runs[0][s][1:]).max() > 0.1
             assert np.array_equal(runs[0][s], runs[2][s]) and rel_err(runs[3][s], runs[0][s]) < 1e-6
+            assert rel_err(runs[4][s], runs[0][s]) < 1e-6

@@ -253,6 +253,25 @@ def test_exact_fp32_runs_as_three_tf32_products(tmp_path):
         assert off.program.layout == PackedLayout() and "wgmma" not in off.module.mod.imports[0].inspect_source()
 
 
+@needs_tensorize
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_persistent_exact_fp32_hoists_three_tf32_products(tmp_path):
+    """The persistent kernel in exact float32: the hoisted GEMM as three TF32 products on wgmma (its
+    weights (N, K), the operand split: PackedLayout.hoisted_only), the cooperative kernel's step on
+    FFMA over (K, N) weights; nvcc compiles it. With wgmma off, FFMA alone, the layout plain."""
+    cell = halstm.LSTM(256, 256)
+    f = halstm.compile(cell, 4, 16, "float32", target=H100, recipe="cuda-persistent")
+    source = f.module.mod.imports[0].inspect_source()
+    assert f.program.layout == PackedLayout(k_major=True, tf32x3=True, hoisted_only=True)
+    assert "wgmma.mma_async.sync.aligned.m64n" in source and ".f32.tf32.tf32" in source
+    kernels = [k for k in source.split('extern "C" __global__')[1:] if k.split("\n")[0].endswith("{")]
+    (cooperative,) = [k for k in kernels if "grid_sync" in k]
+    assert "wgmma" not in cooperative and "wmma" not in cooperative
+    assert_nvcc_compiles(source, tmp_path)
+    off = halstm.compile(cell, 4, 16, "float32", target=H100, recipe="cuda-persistent", knobs={"wgmma": False})
+    assert off.program.layout == PackedLayout() and "wgmma" not in off.module.mod.imports[0].inspect_source()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 def test_exact_fp32_as_accurate_as_ffma_on_gpu(rng):
