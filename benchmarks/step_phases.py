@@ -32,7 +32,7 @@ from halstm.schedules import CudaPersistent
 from halstm.targets import CudaTarget
 from halstm.targets.cuda import _rewrite_generated_source
 
-from gpu import TOL, inputs, rel, storage, timed  # noqa: E402 (beside this script)
+from gpu import inputs, rel, storage, timed  # noqa: E402 (beside this script)
 
 BARRIERS = ("__syncthreads();", "tvm_builtin_cuda_grid_sync();")
 LOOP = re.compile(r"\n[ \t]*for \(int t = 0; t < \d+; \+\+t\) \{\n")
