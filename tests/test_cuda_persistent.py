@@ -177,7 +177,12 @@ def test_hoisted_gemm_fragments_are_a_knob():
     assert all(k["tc_hoisted_frags"] == 2 for k in recipe.space(fp32, H100))
     # on wgmma (the default on an H100) the fragments change nothing either
     assert not recipe.valid(program, H100, recipe.resolve(program, H100, {"tc_hoisted_frags": 4}))
-    assert not recipe.valid(fp32, H100, recipe.resolve(fp32, H100, {"wgmma": False}))
+    # exact fp32: wgmma runs the hoisted GEMM as three TF32 products (CudaPersistent.layout), off it
+    # FFMA; where that GEMM's tile does not fit wgmma (K=20, N=160) the knob changes nothing
+    assert recipe.layout(fp32, H100, recipe.resolve(fp32, H100, None)).hoisted_only
+    assert recipe.valid(fp32, H100, recipe.resolve(fp32, H100, {"wgmma": False}))
+    narrow = _program(batch=17, hidden=40, inputs=20, steps=7)
+    assert not recipe.valid(narrow, H100, recipe.resolve(narrow, H100, {"wgmma": False}))
 
 
 def test_tensor_cores_pruned_where_they_cannot_run():
