@@ -34,7 +34,7 @@ from halstm.targets.cuda import _rewrite_generated_source
 
 from gpu import inputs, rel, storage, timed  # noqa: E402 (beside this script)
 
-BARRIERS = ("__syncthreads();", "tvm_builtin_cuda_grid_sync();", "halstm_cluster_sync();")
+BARRIERS = ("__syncthreads();", "tvm_builtin_cuda_grid_sync();")
 LOOP = re.compile(r"\n[ \t]*for \(int t = 0; t < \d+; \+\+t\) \{\n")
 PHASES_LINE = re.compile(r"halstm phases block (\d+) ns (\d+) cycles (.*)")
 TANH_APPROX = """__device__ __forceinline__ float halstm_tanh_approx(float x) {
@@ -50,17 +50,12 @@ VARIANTS = {
                               .replace("tanhf(", "halstm_tanh_approx("),
     # with poll_waiters, the waiters do not wait (the barrier after them stays): the staging polls
     "no-wait": lambda s: re.sub(r"halstm_wait_value<(\d+)>\(\(0 < t\)", r"halstm_wait_value<\1>(false", s),
-    # with cluster, the step's barrier without its release (nothing before it need be visible: wrong
-    # results), or without the stores into the other blocks (they keep the initial state: wrong results)
-    "relaxed-barrier": lambda s: s.replace("barrier.cluster.arrive.release.aligned", "barrier.cluster.arrive.relaxed.aligned"),
-    "no-push": lambda s: s.replace("for (int r = first; r < first + count; ++r)", "for (int r = first; r < first; ++r)"),
 }
 
 
 def instrument(source: str) -> tuple[str, list[str]]:
     """``source`` with the persistent kernel's time loop stamped; the statement before each stamp."""
-    # the setup's grid (or cluster) sync, before the loop
-    setup_end = max(source.find("tvm_builtin_cuda_grid_sync();"), source.find("halstm_cluster_sync();"))
+    setup_end = source.find("tvm_builtin_cuda_grid_sync();")  # the setup's grid sync, before the loop
     m = LOOP.search(source, max(setup_end, 0))
     if setup_end < 0 or m is None:
         return source, []

@@ -118,10 +118,6 @@ POLL_WAITERS_ABOVE_BYTES = 32 * 1024
 # The bits a polled state's sequence holds until its value is written (``_Kernel.polled``), by width:
 # a NaN with every bit set, which no arithmetic produces (canonical NaNs are positive).
 SENTINEL = {16: 0xFFFF, 32: 0xFFFFFFFF}
-# Most blocks of a thread block cluster (knob cluster, ``_Kernel.clustered``): Hopper's largest,
-# non-portable size (above 8 TVM's runtime sets cudaFuncAttributeNonPortableClusterSizeAllowed).
-CLUSTER_MAX_BLOCKS = 16
-CLUSTER_MIN_ARCH = 90
 
 
 class CudaPersistent(Recipe):
@@ -136,9 +132,7 @@ class CudaPersistent(Recipe):
     ``warp_frags`` caps the 16-column fragments a warp accumulates on tensor cores (each operand
     fragment it loads feeds that many mma; ``_warp_frags`` picks them); ``resident_weights`` keeps a
     warp's weight fragments in registers for all steps where at most MAX_RESIDENT_FRAGS fit;
-    ``poll_waiters`` puts one waiter a producer before the polled staging (``poll_operand``);
-    ``cluster`` runs the grid as one thread block cluster whose blocks push the states into each
-    other's shared memory (``_Kernel.clustered``)."""
+    ``poll_waiters`` puts one waiter a producer before the polled staging (``poll_operand``)."""
 
     name = "cuda-persistent"
     knobs = {
@@ -155,9 +149,6 @@ class CudaPersistent(Recipe):
         "poll_states": (True, False),
         # polled: one thread a producer first waits for its first value, then the staging polls
         "poll_waiters": (False, True),
-        # the grid one thread block cluster: the states pushed into every block's shared memory,
-        # a cluster barrier a step instead of polling or a grid sync (Hopper, at most 16 blocks)
-        "cluster": (False, True),
         "warp_frags": (4, 1, 2),
         # a warp's weight fragments loaded once into registers, not from shared memory every step
         "resident_weights": (True, False),
@@ -249,8 +240,6 @@ class CudaPersistent(Recipe):
         if not (knobs["resident_weights"] or any(g.fits_registers for g in kernel.gemms)):
             return False
         if knobs["poll_waiters"] and not kernel.polled:
-            return False
-        if knobs["cluster"] and not knobs["poll_states"]:  # changes nothing there
             return False
         staged = _Kernel.plan(program, target, {**knobs, "stage_operand": True}).staged
         return knobs["stage_operand"] or staged and not kernel.staged
@@ -521,7 +510,7 @@ class _Kernel:
         self.hoisted = hoisted  # (index, name, columns a block) of the hoisted GEMMs prefetched a step
         self.operands = _staged_operands(self.gemms)
         self.threads, self.units, self.row_blocks = knobs["threads"], knobs["units"], knobs["row_blocks"]
-        self.poll, self.waiters, self.cluster = knobs["poll_states"], knobs["poll_waiters"], knobs["cluster"]
+        self.poll, self.waiters = knobs["poll_states"], knobs["poll_waiters"]
         self.H = program.cell.hidden_size
         self.groups = self.H // self.units  # unit groups; block p_bx has group p_bx % groups
         self.rows = program.batch // self.row_blocks  # rows of the batch a block; from row p_bx // groups * rows
@@ -560,8 +549,6 @@ class _Kernel:
         if ((kernel.shared_bytes() > target.shared_memory or not knobs["stage_operand"])
                 and (not knobs["tensor_cores"] or all(g.streams for g in gemms))):
             kernel.staged = False
-        if kernel.cluster and not kernel.clustered:
-            return None
         return kernel if kernel.shared_bytes() <= target.shared_memory else None
 
     # --- sizes -------------------------------------------------------------------------------
@@ -584,47 +571,23 @@ class _Kernel:
         return r if self.row_blocks == 1 else f"p_bx // {self.groups} * {self.rows} + ({r})"
 
     @property
-    def staged_states(self) -> tuple[str, ...]:
-        """The states the step's GEMMs stage, where the step has one stage and every GEMM stages a
-        state as stored (else none): what ``polled`` or ``clustered`` can synchronise the step by."""
+    def polled(self) -> tuple[str, ...]:
+        """The states whose values synchronise the step instead of a grid sync at its end (knob
+        poll_states): where the step has one stage and every GEMM stages a state as stored, the
+        sequence of each such state is filled with SENTINEL before the time loop (then one grid sync),
+        and a block stages the next step's rows by reading them past L1 until no value is the
+        sentinel (``poll_operand``); a stored value that happens to be the sentinel's bits is stored
+        as another NaN. Every block still reads only what was written before it, and none runs more
+        than a step ahead. Needs sm_70's relaxed loads."""
         gemms = self.gemms
         first_elementwise = next((n for n, b in enumerate(self.blocks) if not isinstance(b, _Gemm)), len(self.blocks))
         states = tuple(dict.fromkeys(g.view[:-2] for g in gemms if g.view and g.view[:-2] in self.p.cell.states))
         one_stage = all(isinstance(b, _Gemm) for b in self.blocks[:first_elementwise]) and not any(
             isinstance(b, _Gemm) for b in self.blocks[first_elementwise:])
-        if not self.staged or not one_stage or any(g.view is None or g.view[:-2] not in states for g in gemms):
+        if (not self.poll or not self.staged or not one_stage or self.target.compute_capability < 70
+                or any(g.view is None or g.view[:-2] not in states for g in gemms)):
             return ()
         return states
-
-    @property
-    def polled(self) -> tuple[str, ...]:
-        """The states whose values synchronise the step instead of a grid sync at its end (knob
-        poll_states): the sequence of each such state is filled with SENTINEL before the time loop
-        (then one grid sync), and a block stages the next step's rows by reading them past L1 until
-        no value is the sentinel (``poll_operand``); a stored value that happens to be the
-        sentinel's bits is stored as another NaN. Every block still reads only what was written
-        before it, and none runs more than a step ahead. Needs sm_70's relaxed loads."""
-        if not self.poll or self.cluster or self.target.compute_capability < 70:
-            return ()
-        return self.staged_states
-
-    @property
-    def clustered(self) -> tuple[str, ...]:
-        """The states exchanged in the cluster (knob cluster): the grid, at most CLUSTER_MAX_BLOCKS
-        blocks, is one thread block cluster (Hopper); each staged operand buffer holds two steps'
-        rows (by the step's parity), the initial state staged into the first before the time loop;
-        the elementwise math stores each such state's new value to global memory and to the next
-        step's rows of that buffer in every block of its row block (``halstm_store_push``: one
-        distributed-shared-memory store a block), and a cluster barrier ends the step. No block
-        reads the states from global memory after the first step."""
-        if (not self.cluster or self.grid > CLUSTER_MAX_BLOCKS
-                or self.target.compute_capability < CLUSTER_MIN_ARCH):
-            return ()
-        return self.staged_states
-
-    def operand_at(self, a: _Operand, offset: str) -> str:
-        """Offset into staged operand ``a`` of the step's rows: clustered, the step's parity's half."""
-        return f"t % 2 * {a.rows * a.stride} + {offset}" if self.clustered else offset
 
     @property
     def polled_bytes(self) -> int:
@@ -665,16 +628,6 @@ class _Kernel:
         """The step's row block of a hoisted GEMM, the block's units' gate columns, into x_s[row * C + c]."""
         row, column = self.global_row(f"{q} // {columns}"), self.global_column(f"{q} % {columns}")
         return [f"x_s{i}[{q}] = {name}_t[{row}, {column}]"]
-
-    def prefetch_registers(self, i: int, name: str, columns: int) -> tuple[list[str], list[str]]:
-        """``prefetch`` in two halves: the loads into registers x_r (issued first: they stay in flight
-        through the GEMM) and their stores into x_s (after it: a store to shared memory before the
-        GEMM would put TVM's barrier, and the loads' latency, ahead of it)."""
-        count = self.rows * columns
-        q = f"T.min(p_u * {self.threads} + p_tx, {count - 1})"
-        load = self.prefetch(i, name, columns, q)[0].replace(f"x_s{i}[{q}]", f"x_r{i}[p_u]")
-        loop = f"for p_u in T.unroll({-(-count // self.threads)}):"
-        return [loop, f"    {load}"], [loop, f"    x_s{i}[{q}] = x_r{i}[p_u]"]
 
     def stage_operand(self, g: _Gemm) -> list[str]:
         """The step's B x K operand into a_s[row * stride + k], VECTOR at a time where rows allow
@@ -789,8 +742,7 @@ class _Kernel:
         load = self.load_fragment
         if self.staged:
             a = self.operands[i]
-            source = a.name
-            load_a = load("a_f", "0", a.name, self.operand_at(a, f"({row}) * {a.stride} + {k}"), a.stride, "row_major")
+            source, load_a = a.name, load("a_f", "0", a.name, f"({row}) * {a.stride} + {k}", a.stride, "row_major")
         else:  # each fragment straight from global memory (a deeper ring of them in flight: no faster)
             source = g.view
             load_a = load("a_f", "0", g.view, f"({self.global_row(row)}) * {g.K} + {k}", g.K, "row_major")
@@ -839,7 +791,7 @@ class _Kernel:
         k = f"(p_c * {S} + {part}) * {V} + p_v"
         if self.staged:
             operand = self.operands[i]
-            a = f"{operand.name}[{self.operand_at(operand, f'({row}) * {operand.stride} + {k}')}]"
+            a = f"{operand.name}[({row}) * {operand.stride} + {k}]"
         else:  # read from global memory, clamped: past the batch or K the weights or results are unused
             a = substitute(g.operand, {"p_row": self.global_row(f"T.min({row}, {g.B - 1})"),
                                        "p_k": f"T.min({k}, {g.K - 1})"})
@@ -875,29 +827,13 @@ class _Kernel:
         local, ul = f"{work} // {U}", f"{work} % {U}"
         row, unit = self.global_row(local), f"{self.first_unit} + {ul}"
         polled = {f"{s}_next" for s in self.polled}
-        pushed = {f"{g.view[:-2]}_next": self.operands[g.index] for g in self.gemms} if self.clustered else {}
-        if pushed:  # clamped: the spare threads repeat the last item (a shared store is in no condition)
-            work = f"T.min({work}, {B * U - 1})"
-            local, ul = f"{work} // {U}", f"{work} % {U}"
-            row, unit = self.global_row(local), f"{self.first_unit} + {ul}"
-        peers = f"p_bx // {self.groups} * {self.groups}, {self.groups}"  # the blocks of its row block
 
-        def store(name, value):
-            if name in pushed:  # the next step's rows of the staged operand, in every block of the row block
-                a = pushed[name]
-                # marked read: TVM's barrier planner, which sees one merged shared buffer, would put
-                # a __syncthreads around every push; the cluster barrier orders them
-                there = f'{a.name}.access_ptr("r", offset=(t + 1) % 2 * {a.rows * a.stride} + ({local}) * {a.stride} + {unit})'
-                here = f'{name}.access_ptr("w", offset=({row}) * {self.H} + {unit})'
-                return f'T.evaluate(T.call_extern("void", "halstm_store_push", {value}, {here}, {there}, {peers}))'
-            if name in polled:  # the polled states never hold the sentinel's bits
-                value = f'T.call_extern("{self.p.dtype}", "halstm_not_sentinel", {value})'
-            return f"{name}[{row}, {unit}] = {value}"
+        def stored(name, value):  # the polled states never hold the sentinel's bits
+            return f'T.call_extern("{self.p.dtype}", "halstm_not_sentinel", {value})' if name in polled else value
 
-        stores = [store(name, substitute(value, {ivs[0]: row, ivs[1]: unit, "p_lr": local, "p_ul": ul}))
+        stores = [f"{name}[{row}, {unit}] = "
+                  + stored(name, substitute(value, {ivs[0]: row, ivs[1]: unit, "p_lr": local, "p_ul": ul}))
                   for _, name, ivs, value in run]
-        if pushed:
-            return [f"for p_r in range({-(-B * U // NT)}):", *indent(stores, 4).splitlines()]
         return [f"for p_r in range({-(-B * U // NT)}):", f"    if {work} < {B * U}:",
                 *indent(stores, 8).splitlines()]
 
@@ -910,8 +846,7 @@ class _Kernel:
             out += [(f"w_s{i}", g.ldc * g.stride, self.p.dtype, "shared.dyn"),
                     (f"part{i}", g.partial_size, "float32", "shared.dyn")]
         if self.staged:
-            steps = 2 if self.clustered else 1  # clustered: this step's rows and the next's
-            out += [(a.name, steps * a.rows * a.stride, a.dtype, "shared.dyn")
+            out += [(a.name, a.rows * a.stride, a.dtype, "shared.dyn")
                     for a in dict.fromkeys(self.operands.values())]
         out += [(f"x_s{i}", self.rows * C, "float32", "shared.dyn") for i, _, C in self.hoisted]
         out = [(name, _round_up(size, SHARED_GRANULE // BYTES[dtype]), dtype, scope)
@@ -924,8 +859,6 @@ class _Kernel:
                     ("w_r", max(g.tn for g in ffma) * VECTOR, "float32", "local")]
         out += [(f"wf{g.index}", g.chunks * g.frags * FRAG * FRAG, self.p.dtype, "wmma.matrix_b")
                 for g in gemms if g.resident]
-        if self.clustered:  # prefetch_registers
-            out += [(f"x_r{i}", -(-self.rows * C // self.threads), "float32", "local") for i, _, C in self.hoisted]
         return out
 
     def setup(self) -> list[str]:
@@ -942,35 +875,23 @@ class _Kernel:
                 lines += self.zero(name, size, dtype)
         for state in self.polled:
             lines += self.fill_sentinel(state)
-        if self.clustered:  # the initial states into the first step's rows (over the zeros)
-            lines.append('T.tvm_storage_sync("shared")')
-            for g in self.gemms:
-                lines += [substitute(line, {"t": "0"}) for line in self.stage_operand(g)]
         resident = [g for g in self.gemms if g.resident]
         if resident:  # from the weights in shared memory, once they are all there
             lines.append('T.tvm_storage_sync("shared")')
         for g in resident:
             lines += self.resident_weights(g)
-        if self.clustered:  # every block started, its buffers ready for the others' stores
-            return lines + [CLUSTER_SYNC]
         return lines + ["T.cuda.grid_sync()" if self.polled else 'T.tvm_storage_sync("shared")']
 
     def step(self) -> list[str]:
         """One step: per stage the GEMM, then its elementwise blocks in one loop; grid syncs where a
         block reads what others wrote."""
-        lines, stored, run, after_gemm = [], False, [], []
+        lines, stored, run = [], False, []
         for i, name, C in self.hoisted:  # read after the first GEMM's syncs
-            if self.clustered:
-                loads, stores = self.prefetch_registers(i, name, C)
-                lines, after_gemm = lines + loads, after_gemm + stores
-            else:
-                lines += self.flat(self.rows * C, partial(self.prefetch, i, name, C), STAGING_UNROLL)
+            lines += self.flat(self.rows * C, partial(self.prefetch, i, name, C), STAGING_UNROLL)
         for b in self.blocks + [None]:
             if b is not None and not isinstance(b, _Gemm):
                 run.append(b)
                 continue
-            if after_gemm and run:  # before the barrier of the GEMMs before the math (clustered: one stage)
-                lines[-1:-1], after_gemm = after_gemm, []
             if run:
                 lines += self.elementwise_text(run)
                 stored, run = True, []
@@ -978,10 +899,8 @@ class _Kernel:
                 break
             if stored:  # its operand was written unit by unit across the grid
                 lines.append("T.cuda.grid_sync()")
-            lines += (self.stage_operand(b) if self.staged and not self.clustered else []) + self.gemm_text(b)
+            lines += (self.stage_operand(b) if self.staged else []) + self.gemm_text(b)
         # polled: the next step's staging waits for the states; the block's own buffers, for its threads
-        if self.clustered:
-            return lines + [CLUSTER_SYNC]
         return lines + ['T.tvm_storage_sync("shared")' if self.polled else "T.cuda.grid_sync()"]
 
     def func(self) -> tvm.tirx.PrimFunc:
@@ -992,21 +911,17 @@ class _Kernel:
                   for b in self.blocks if not isinstance(b, _Gemm) and b[1] not in outputs]
         buffers = [f'{name} = T.sblock_alloc_buffer(({size},), "{dtype}", scope="{scope}")'
                    for name, size, dtype, scope in self.buffers()]
-        body = [f'for p_bx in T.thread_binding({self.grid}, thread="blockIdx.x"):',
-                f'    for p_tx in T.thread_binding({self.threads}, thread="threadIdx.x"):',
-                '        with T.sblock("persistent"):',
-                *indent(buffers + self.setup(), 12).splitlines(),
-                f"            for t in range({p.steps}):",
-                '                with T.sblock("step"):',
-                *indent(frame.step_views + self.step(), 20).splitlines()]
-        if self.clustered:  # the launch's cluster: the whole grid
-            body = [f'for p_cluster in T.thread_binding({self.grid}, thread="clusterCtaIdx.x"):',
-                    *indent(body, 4).splitlines()]
-        loop = indent(body, 4)
+        loop = f"""    for p_bx in T.thread_binding({self.grid}, thread="blockIdx.x"):
+        for p_tx in T.thread_binding({self.threads}, thread="threadIdx.x"):
+            with T.sblock("persistent"):
+{indent(buffers + self.setup(), 16)}
+                for t in range({p.steps}):
+                    with T.sblock("step"):
+{indent(frame.step_views, 24)}
+{indent(self.step(), 24)}"""
         return tvm.script.from_source(frame.source(loop, allocs))
 
 
-CLUSTER_SYNC = 'T.evaluate(T.call_extern("void", "halstm_cluster_sync"))'
 _cache: dict[tuple, tuple] = {}
 
 

@@ -145,9 +145,7 @@ def tf32_fragments(source: str) -> str:
 # Device functions that recipes call by name (T.call_extern), defined in a kernel's source where it
 # calls them. The persistent kernel's step synchronised through the states' values
 # (schedules/cuda_persistent.py, _Kernel.polled): the not-yet-written values hold a sentinel, a NaN
-# with every bit set, that no stored value may have; or, where the grid is one thread block cluster
-# (_Kernel.clustered), through a cluster barrier after each block pushed its states into every
-# block's shared memory.
+# with every bit set, that no stored value may have.
 DEVICE_HELPERS = r"""
 template <int N> __device__ __forceinline__ void halstm_load_relaxed(unsigned int* w, const void* p) {
   // N bytes (2, 4, 8 or 16) at p in global memory as 32-bit words, read past L1 (other SMs write them)
@@ -207,26 +205,6 @@ template <typename V> __device__ __forceinline__ V halstm_not_sentinel(V v) {
   typename B::type b = *reinterpret_cast<typename B::type*>(&v);
   if (b == B::sentinel) { b = B::nan; v = *reinterpret_cast<V*>(&b); }
   return v;
-}
-
-template <typename V> __device__ __forceinline__ void halstm_store_push(V v, void* global, void* shared, int first,
-                                                                        int count) {
-  // v to global, and to the same place of shared in the blocks first .. first + count - 1 of the
-  // cluster (distributed shared memory; visible to them after the next cluster barrier)
-  *(V*)global = v;
-  typename halstm_bits<sizeof(V)>::type b = *reinterpret_cast<typename halstm_bits<sizeof(V)>::type*>(&v);
-  unsigned int own = (unsigned int)__cvta_generic_to_shared(shared), peer;
-  for (int r = first; r < first + count; ++r) {
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(peer) : "r"(own), "r"(r));
-    if (sizeof(V) == 2) asm volatile("st.shared::cluster.b16 [%0], %1;" :: "r"(peer), "h"((unsigned short)b) : "memory");
-    else asm volatile("st.shared::cluster.b32 [%0], %1;" :: "r"(peer), "r"((unsigned int)b) : "memory");
-  }
-}
-
-__device__ __forceinline__ void halstm_cluster_sync() {
-  // every thread of the cluster's blocks: what each wrote before (its own and other blocks' shared
-  // memory) is visible to all after
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 """
 

@@ -16,25 +16,17 @@ class Race(AssertionError):
 class Memory:
     """Every buffer access of an emulated launch, to find races: within a phase between two
     __syncthreads, an address one thread wrote and another thread of the block read or wrote (with
-    another value); in global memory, the same between blocks anywhere between two grid syncs;
-    in a block's shared memory, a store of another block of its cluster (``push``) and any access
-    of its own between the same two grid (cluster) syncs."""
+    another value); in global memory, the same between blocks anywhere between two grid syncs."""
 
     def __init__(self):
         self.who, self.phase, self.interval = (0, 0), 0, 0
-        self.seen, self.pushed, self.touched = {}, {}, set()
+        self.seen = {}
 
-    def access(self, name, key, owner, value=None, polled=False):
-        """Record one access (``owner``: the block whose shared memory it is, None for global memory);
-        ``polled``: a read that waits for its value (it cannot race), not recorded."""
+    def access(self, name, key, shared, value=None, polled=False):
+        """Record one access; ``polled``: a read that waits for its value (it cannot race), not recorded."""
         if polled:
             return
-        if owner is not None:
-            where = (self.interval, owner, name, key)
-            if where in self.pushed:
-                raise Race(f"{name}{list(key)} of block {owner}: thread {self.who} and another block's store")
-            self.touched.add(where)
-        epoch = (self.phase, owner) if owner is not None else self.interval
+        epoch = (self.phase, self.who[0]) if shared else self.interval
         for other, phase, wrote in self.seen.get((epoch, name, key), ()):
             if other == self.who or (other[0] == self.who[0] and phase != self.phase):
                 continue  # the same thread, or the same block across a __syncthreads
@@ -43,18 +35,10 @@ class Memory:
             raise Race(f"{name}{list(key)}: thread {self.who} and thread {other}")
         self.seen.setdefault((epoch, name, key), []).append((self.who, self.phase, value))
 
-    def push(self, owner, name, key, value):
-        """Record a store of this thread into block ``owner``'s shared memory (distributed)."""
-        where = (self.interval, owner, name, key)
-        if where in self.touched or self.pushed.get(where, value) != value:
-            raise Race(f"{name}{list(key)} of block {owner}: stored by thread {self.who} while in use")
-        self.pushed[where] = value
-
 
 class Buffer:
-    def __init__(self, name, array, memory, owner=None, row=0):
-        """``owner``: the block whose shared memory the buffer is; None for global memory."""
-        self.name, self.array, self.memory, self.owner, self.row = name, array, memory, owner, row
+    def __init__(self, name, array, memory, shared=False, row=0):
+        self.name, self.array, self.memory, self.shared, self.row = name, array, memory, shared, row
 
     def _key(self, idx):
         key = idx if isinstance(idx, tuple) else (idx,)
@@ -66,16 +50,16 @@ class Buffer:
         if any(isinstance(i, slice) for i in (idx if isinstance(idx, tuple) else (idx,))):  # T.reads' region
             return None
         key = self._key(idx)
-        self.memory.access(self.name, key, self.owner)
+        self.memory.access(self.name, key, self.shared)
         return self.array[key]
 
     def __setitem__(self, idx, value):
         key = self._key(idx)
-        self.memory.access(self.name, key, self.owner, float(value))
+        self.memory.access(self.name, key, self.shared, float(value))
         self.array[key] = value
 
     def view(self, row):
-        return Buffer(self.name, self.array, self.memory, self.owner, row)
+        return Buffer(self.name, self.array, self.memory, self.shared, row)
 
     def flat_key(self, offset):
         """The index of flat element ``offset`` (row-major) of this buffer or view."""
@@ -85,7 +69,7 @@ class Buffer:
         """The element a polling read returns: it waits until the value is no longer the sentinel
         (NaN here), which in an emulation that runs phase by phase means it must be written by now."""
         key = self._key(self.flat_key(offset))
-        self.memory.access(self.name, key, self.owner, polled=True)
+        self.memory.access(self.name, key, self.shared, polled=True)
         if math.isnan(self.array[key]):
             raise Race(f"{self.name}{list(key)} polled before anyone wrote it (the kernel would wait forever)")
         return self.array[key]
@@ -124,7 +108,6 @@ class T:
     min, max, unroll, vectorized = min, max, range, range
     float32 = float
     uint16 = uint32 = int
-    cluster = []  # the shared buffers of each block, by name: what halstm_store_push reaches
 
     @staticmethod
     def reinterpret(dtype, bits):
@@ -136,14 +119,6 @@ class T:
         """The device helpers of targets/cuda.py that kernels call."""
         if name == "halstm_not_sentinel":
             return args[0]
-        if name == "halstm_store_push":
-            value, (here, offset), (there, at), first, count = args
-            here[here.flat_key(offset)] = value
-            for block in range(first, first + count):
-                peer = T.cluster[block][there.name]
-                peer.memory.push(block, there.name, peer._key(at), float(value))
-                peer.array[peer._key(at)] = value
-            return None
         if name.startswith("halstm_wait_value<"):
             (src, offset), = args[1:]
             if args[0]:

@@ -465,7 +465,7 @@ def _run_kernel(func, arrays: dict) -> None:
             phases[-1].append(statement)
     phases = [compile(ast.fix_missing_locations(ast.Module(p, [])), "<kernel>", "exec") for p in phases]
     for b in range(int(blocks)):
-        tiles = {name: Buffer(name, np.full(int(size), np.nan), memory, owner=b) for name, size in shared}
+        tiles = {name: Buffer(name, np.full(int(size), np.nan), memory, shared=True) for name, size in shared}
         for code in phases:
             memory.phase += 1
             for t in range(int(threads)):

@@ -13,7 +13,7 @@ import tvm
 from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
 from cuda_emulator import Buffer, Fragment, Memory, Race, T
 from halstm.schedules import CudaPersistent
-from halstm.schedules.cuda_persistent import CLUSTER_SYNC, _Gemm, _Kernel, _warp_frags
+from halstm.schedules.cuda_persistent import _Gemm, _Kernel, _warp_frags
 from halstm.targets import CudaTarget
 
 import halstm
@@ -438,8 +438,8 @@ def _phases(lines):
     """The step's top-level statements split at its syncs: (code, ends with a grid sync)."""
     out, current = [], []
     for line in lines:
-        if line in ('T.tvm_storage_sync("shared")', "T.cuda.grid_sync()", CLUSTER_SYNC):
-            out.append((compile("\n".join(current) or "pass", "<step>", "exec"), line != 'T.tvm_storage_sync("shared")'))
+        if line in ('T.tvm_storage_sync("shared")', "T.cuda.grid_sync()"):
+            out.append((compile("\n".join(current) or "pass", "<step>", "exec"), line.startswith("T.cuda")))
             current = []
         else:
             current.append(line)
@@ -472,9 +472,8 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
     for kind, name, *_ in (b for b in kernel.blocks if not isinstance(b, _Gemm)):
         if f"{name}" not in {f"{s}_next" for s in cell.states}:
             env[name] = Buffer(name, np.zeros((B, H)), memory)
-    blocks = [{n: Buffer(n, np.full(size, np.nan), memory, owner=bx) for n, size, _, scope in kernel.buffers()
-               if scope == "shared.dyn"} for bx in range(kernel.grid)]
-    T.cluster = blocks
+    blocks = [{n: Buffer(n, np.full(size, np.nan), memory, shared=True) for n, size, _, scope in kernel.buffers()
+               if scope == "shared.dyn"} for _ in range(kernel.grid)]
     registers = {n: (size, scope) for n, size, _, scope in kernel.buffers() if scope == "local" or "wmma" in scope}
 
     def run(code, t):
@@ -598,75 +597,6 @@ def test_emulated_waiters_match_reference_without_races(cell):
     _check_emulation(cell, B, I, H, {**knobs, "poll_waiters": True})
 
 
-CLUSTERED = [  # (B, I, H, knobs): FFMA with spare threads in the math; tensor cores; the batch over 2
-    # row blocks (each block pushes to the blocks of its rows)
-    (3, 5, 10, {"threads": 32, "units": 5, "tile_rows": 2, "tile_cols": 2, "max_split": 4, "tensor_cores": False}),
-    (18, 20, 24, {"threads": 128, "units": 4, "tensor_cores": True}),
-    (32, 7, 32, {"threads": 64, "units": 8, "row_blocks": 2, "warp_frags": 2, "tensor_cores": True}),
-]
-
-
-@pytest.mark.parametrize("shape", CLUSTERED, ids=lambda s: "B{}-I{}-H{}".format(*s[:3]))
-@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
-def test_emulated_cluster_matches_reference_without_races(cell, shape):
-    """The states pushed into every block's shared memory, a cluster barrier a step: no block reads
-    a state from global memory after the initial one, none stores into rows another block still
-    reads in the same step (Memory.push)."""
-    B, I, H, knobs = shape
-    knobs = {**knobs, "max_split": 32, "cluster": True}
-    program = _program(cell, batch=B, hidden=H, inputs=I)
-    kernel = _Kernel.plan(program, H100, CudaPersistent().resolve(program, H100, knobs))
-    if cell is halstm.ResetBeforeGRU:  # two stages: r * h is no state
-        assert kernel is None
-        return
-    assert kernel.clustered == ("h",) and not kernel.polled
-    steps = kernel.step()
-    assert steps[-1] == CLUSTER_SYNC and not any("grid_sync" in line or "h_seq" in line for line in steps)
-    _check_emulation(cell, B, I, H, knobs)
-
-
-def test_emulator_finds_a_push_into_the_rows_being_read():
-    """Pushed into the rows of the step being read (not the next step's): a race."""
-    B, I, H, knobs = CLUSTERED[0]
-    text = _Kernel.elementwise_text
-
-    def same_rows(self, run):
-        return [line.replace("(t + 1) % 2", "t % 2") for line in text(self, run)]
-
-    try:
-        _Kernel.elementwise_text = same_rows
-        with pytest.raises(Race, match="a_s"):
-            _emulate(halstm.LSTM(I, H), 3, B, {**knobs, "max_split": 4, "cluster": True})
-    finally:
-        _Kernel.elementwise_text = text
-
-
-@pytest.mark.parametrize("arch, hidden, units, runs", [
-    ("sm_90", 512, 32, True), ("sm_90", 512, 16, False),  # 16 blocks; 32 are more than a cluster holds
-    ("sm_80", 512, 32, False),  # no clusters before Hopper
-])
-def test_cluster_needs_hopper_and_at_most_16_blocks(arch, hidden, units, runs):
-    target = CudaTarget(arch, sms=132 if arch == "sm_90" else 108)
-    program = _program(halstm.LSTM, batch=16, hidden=hidden, dtype="float16")
-    knobs = CudaPersistent().resolve(program, target, {"cluster": True, "units": units})
-    assert CudaPersistent().valid(program, target, knobs) == runs
-
-
-def test_cluster_kernel_compiles_with_its_helpers(tmp_path):
-    """The launch's cluster (TVM's clusterCtaIdx binding), the pushes and the barrier through nvcc."""
-    program = _program(halstm.LSTM, batch=16, hidden=512, dtype="float16")
-    recipe = CudaPersistent()
-    knobs = recipe.resolve(program, H100, {"cluster": True, "units": 32, "threads": 512})
-    _, devices = H100.split(recipe.apply(program, H100, **knobs).mod)
-    params = [f.attrs["tirx.kernel_launch_params"] for m in devices.values() for f in m.functions.values()
-              if "clusterCtaIdx.x" in f.attrs["tirx.kernel_launch_params"]]
-    assert len(params) == 1 and "tirx.use_cooperative_launch" not in params[0]
-    f = halstm.compile(halstm.LSTM(512, 512), 2, 16, "float16", target=H100, recipe="cuda-persistent", knobs=knobs)
-    source = f.module.mod.imports[0].inspect_source()
-    assert "halstm_store_push(" in source and "halstm_cluster_sync();" in source and "grid_sync" not in source
-    assert_nvcc_compiles(source, tmp_path)
-
-
 def test_emulator_finds_a_race():
     """Without the sync between the partial tiles and the math that adds them, the emulation reports
     a race."""
@@ -724,8 +654,7 @@ def test_matches_reference_on_gpu(cell, dtype, batch, hidden, rng):
     {"units": 8, "tile_rows": 2, "tile_cols": 8, "threads": 128, "max_split": 8},
     {"units": 16, "tile_rows": 1, "tile_cols": 2, "threads": 512, "max_split": 128},
     {"poll_waiters": True},
-    {"cluster": True, "units": 16},  # 16 blocks: one cluster
-], ids=["few-blocks", "many-parts", "waiters", "cluster"])
+], ids=["few-blocks", "many-parts", "waiters"])
 def test_other_knobs_match_reference_on_gpu(knobs, rng):
     _check_on_gpu(halstm.LSTM(16, 256), 20, 3, "float32", rng, knobs)
 
@@ -740,13 +669,10 @@ def test_other_knobs_match_reference_on_gpu(knobs, rng):
     # the operand's fragments from global memory (ResetBeforeGRU's r * h: staged), the batch over 2
     # blocks a unit group, 4 fragments a warp
     (32, 256, {"tensor_cores": True, "stage_operand": False, "row_blocks": 2, "units": 8, "warp_frags": 4}),
-    (16, 512, {"cluster": True, "units": 32, "threads": 512}),  # one cluster of 16 blocks
 ], ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
 def test_tensor_cores_match_reference_on_gpu(cell, dtype, batch, hidden, knobs, rng):
-    if knobs.get("cluster") and cell is halstm.ResetBeforeGRU:
-        pytest.skip("two stages: no cluster")
     _check_on_gpu(cell(32, hidden), 20, batch, dtype, rng, knobs)
 
 
