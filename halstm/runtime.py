@@ -66,6 +66,12 @@ class SequenceFunction:
     def __init__(self, main, signature: Signature, device):
         self._main, self.signature, self._device = main, signature, device
         self._param_names = {a.name for a in signature.args if a.role == "param"}
+        self._cpu = _on_cpu(device)
+        # per argument, in call order: (arg, its key in params or states, or None; its name in errors)
+        self._slots = []
+        for a in signature.args:
+            key = a.name[:-1] if a.role == "state" else a.name if a.role == "param" else None
+            self._slots.append((a, key, f"{'states' if a.role == 'state' else 'params'}['{key}']"))
 
     def __call__(self, x, params: dict, states: dict | None = None):
         seqs = self.sequences(x, params, states)
@@ -90,30 +96,31 @@ class SequenceFunction:
         return timed
 
     def _bind(self, x, params: dict, states: dict | None):
+        """The call with its arguments checked and bound in order (outputs allocated), and the
+        function that returns the state sequences after it. With torch tensors, LSTM T=2 B=2 H=8 on
+        the 2-core CPU machine (fastest of 3 x 5 x 5000 calls): 13.4 us, 20.3 before the argument plan
+        (``_slots``), the cached dtype names and the shares that make no new tensor objects."""
         sig = self.signature
         T, B, H = sig.steps, sig.batch, sig.hidden_size
-        frame = as_frame(x, self._device)
+        frame = as_frame(x, self._device, self._cpu)
         check_array(x, "x", (T, B, sig.input_size), sig.dtype)
         params = check_names(params, "params", self._param_names, required=True)
         states = check_names(states or {}, "states", set(sig.states), required=False)
         tensors, outputs = [], {}
-        for arg in sig.args:
-            state = arg.name[:-1]
+        for arg, key, what in self._slots:
             if arg.role == "x":
                 t = frame.share(x.reshape(T * B, sig.input_size))
-            elif arg.role == "param":
-                check_array(params[arg.name], f"params['{arg.name}']", arg.shape, arg.dtype)
-                t = frame.share(params[arg.name])
-            elif arg.role == "state" and state in states:
-                check_array(states[state], f"states['{state}']", arg.shape, arg.dtype)
-                t = frame.share(states[state])
+            elif arg.role == "param" or key in states:
+                value = (params if arg.role == "param" else states)[key]
+                check_array(value, what, arg.shape, arg.dtype)
+                t = frame.share(value)
             else:
                 t = frame.new(arg, zeros=arg.role == "state")
                 outputs[arg.name] = t
             tensors.append(t)
 
         def finish():
-            return {s: frame.result(outputs[f"{s}_seq"]).reshape(T + 1, B, H) for s in sig.states}
+            return {s: frame.result(outputs[s + "_seq"]).reshape(T + 1, B, H) for s in sig.states}
 
         return functools.partial(self._main, *tensors), finish
 
@@ -128,11 +135,13 @@ def numpy_dtype(dtype: str):
     return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
 
 
-def as_frame(x, device):
+def as_frame(x, device, cpu: bool | None = None):
+    """The exchange for x's kind of array; ``cpu``: whether ``device`` is the host (asked when None)."""
+    cpu = _on_cpu(device) if cpu is None else cpu
     if isinstance(x, np.ndarray):
-        return _NumpyFrame(device)
+        return _NumpyFrame(device, cpu)
     if type(x).__module__.startswith("torch"):
-        return TorchFrame(x, device)
+        return TorchFrame(x, device, cpu)
     raise TypeError(f"x must be a NumPy array or a torch tensor, got {type(x).__name__}")
 
 
@@ -144,8 +153,8 @@ class _NumpyFrame:
     """NumPy arrays: shared with a CPU target through DLPack where aligned, else copied (always for
     bfloat16, which DLPack exchange with NumPy does not carry)."""
 
-    def __init__(self, device):
-        self.device, self.cpu = device, _on_cpu(device)
+    def __init__(self, device, cpu: bool | None = None):
+        self.device, self.cpu = device, _on_cpu(device) if cpu is None else cpu
 
     def share(self, value):
         value = np.ascontiguousarray(value)
@@ -171,8 +180,8 @@ class TorchFrame:
     entries were torch.cuda.current_stream (three a call: tvm_ffi.use_torch_stream, torch.from_dlpack
     of each result), torch.from_dlpack and tvm.runtime.from_dlpack."""
 
-    def __init__(self, like, device):
-        kind = "cpu" if _on_cpu(device) else "cuda"
+    def __init__(self, like, device, cpu: bool | None = None):
+        kind = "cpu" if (_on_cpu(device) if cpu is None else cpu) else "cuda"
         if like.device.type != kind:
             raise ValueError(f"x is on {like.device}, but the cell was compiled for {kind}")
         self.torch_device = like.device
@@ -184,7 +193,10 @@ class TorchFrame:
         return make(arg.shape, dtype=getattr(torch, arg.dtype), device=self.torch_device)
 
     def share(self, value):
-        value = value.detach().contiguous()
+        if value.requires_grad:
+            value = value.detach()
+        if not value.is_contiguous():
+            value = value.contiguous()
         return value.clone() if value.data_ptr() % ALIGNMENT else value
 
     def result(self, tensor):
@@ -192,7 +204,13 @@ class TorchFrame:
 
 
 def _dtype_of(value) -> str:
-    return str(value.dtype).replace("torch.", "")
+    return _dtype_name(value.dtype)
+
+
+@functools.cache
+def _dtype_name(dtype) -> str:
+    """NumPy's or torch's dtype by TVM's name: torch.float16 -> float16."""
+    return str(dtype).replace("torch.", "")
 
 
 def check_array(value, what: str, shape: tuple, dtype: str) -> None:
@@ -210,6 +228,8 @@ def check_array(value, what: str, shape: tuple, dtype: str) -> None:
 
 
 def check_names(values, what: str, names: set, required: bool) -> dict:
+    if isinstance(values, dict) and (values.keys() == names if required else values.keys() <= names):
+        return values  # the common case, first: it is on every call's path
     if not isinstance(values, dict):
         raise TypeError(f"{what} must be a dict by name, got {type(values).__name__}")
     extra = set(values) - names
