@@ -42,7 +42,10 @@ Prefetching the states that math reads at the block's units (LSTM's c) with the 
 measured no faster (eleventh run, run 26): that load is not on the critical path. At B=256, H=1024
 fp16 (twelfth run) the weights take 132 of the 227 KB and the operand streams from global memory:
 2.78-2.89 ms at T=100 against cuDNN's 1.75-2.26, its 8 warps a SM mostly waiting on global loads (ncu:
-64 % of the stalls on L1TEX); a deeper ring of fragments in flight was no faster.
+64 % of the stalls on L1TEX); a deeper ring of fragments in flight was no faster. The grid as one thread
+block cluster of at most 16 blocks, h pushed into every block's shared memory and a cluster barrier a
+step (280b8a4, reverted), was 1.1-1.7x slower (H200, twenty-first run): at B=16, H=512 its step GEMM on
+16 SMs alone took as long as this kernel's whole exchange of h through L2.
 
 Shared stores are never inside a condition (the shared-memory sync planner cannot handle that): loops
 over a buffer clamp the index (the spare threads repeat the last element), and threads without a tile
