@@ -67,11 +67,9 @@ class SequenceFunction:
         self._main, self.signature, self._device = main, signature, device
         self._param_names = {a.name for a in signature.args if a.role == "param"}
         self._cpu = _on_cpu(device)
-        # per argument, in call order: (arg, its key in params or states, or None; its name in errors)
-        self._slots = []
-        for a in signature.args:
-            key = a.name[:-1] if a.role == "state" else a.name if a.role == "param" else None
-            self._slots.append((a, key, f"{'states' if a.role == 'state' else 'params'}['{key}']"))
+        # per argument, in call order: (arg, where a given value is: "params" or "states" or None, its key)
+        self._slots = [(a, {"param": "params", "state": "states"}.get(a.role),
+                        a.name[:-1] if a.role == "state" else a.name) for a in signature.args]
 
     def __call__(self, x, params: dict, states: dict | None = None):
         seqs = self.sequences(x, params, states)
@@ -97,9 +95,11 @@ class SequenceFunction:
 
     def _bind(self, x, params: dict, states: dict | None):
         """The call with its arguments checked and bound in order (outputs allocated), and the
-        function that returns the state sequences after it. With torch tensors, LSTM T=2 B=2 H=8 on
-        the 2-core CPU machine (fastest of 3 x 5 x 5000 calls): 13.4 us, 20.3 before the argument plan
-        (``_slots``), the cached dtype names and the shares that make no new tensor objects."""
+        function that returns the state sequences after it. A call's host time beyond the prepared
+        call, torch tensors, LSTM T=2 B=2 H=8 on the 2-core CPU machine (``python
+        benchmarks/call_overhead.py LSTM 2,2,8 float32 --device cpu --reps 5000``, three runs): 21.2-21.9
+        us, 28.1-28.5 before the argument plan (``_slots``), the cached dtype names and the shares that
+        make no new tensor objects."""
         sig = self.signature
         T, B, H = sig.steps, sig.batch, sig.hidden_size
         frame = as_frame(x, self._device, self._cpu)
@@ -107,12 +107,13 @@ class SequenceFunction:
         params = check_names(params, "params", self._param_names, required=True)
         states = check_names(states or {}, "states", set(sig.states), required=False)
         tensors, outputs = [], {}
-        for arg, key, what in self._slots:
+        given = {"params": params, "states": states}
+        for arg, where, key in self._slots:
             if arg.role == "x":
                 t = frame.share(x.reshape(T * B, sig.input_size))
-            elif arg.role == "param" or key in states:
-                value = (params if arg.role == "param" else states)[key]
-                check_array(value, what, arg.shape, arg.dtype)
+            elif where is not None and key in given[where]:
+                value = given[where][key]
+                check_array(value, f"{where}['{key}']", arg.shape, arg.dtype)
                 t = frame.share(value)
             else:
                 t = frame.new(arg, zeros=arg.role == "state")
@@ -136,7 +137,8 @@ def numpy_dtype(dtype: str):
 
 
 def as_frame(x, device, cpu: bool | None = None):
-    """The exchange for x's kind of array; ``cpu``: whether ``device`` is the host (asked when None)."""
+    """The exchange for x's kind of array; ``cpu``: whether ``device`` is the host (asked when None:
+    a compiled function knows it once)."""
     cpu = _on_cpu(device) if cpu is None else cpu
     if isinstance(x, np.ndarray):
         return _NumpyFrame(device, cpu)
@@ -153,8 +155,8 @@ class _NumpyFrame:
     """NumPy arrays: shared with a CPU target through DLPack where aligned, else copied (always for
     bfloat16, which DLPack exchange with NumPy does not carry)."""
 
-    def __init__(self, device, cpu: bool | None = None):
-        self.device, self.cpu = device, _on_cpu(device) if cpu is None else cpu
+    def __init__(self, device, cpu: bool):
+        self.device, self.cpu = device, cpu
 
     def share(self, value):
         value = np.ascontiguousarray(value)
@@ -180,8 +182,8 @@ class TorchFrame:
     entries were torch.cuda.current_stream (three a call: tvm_ffi.use_torch_stream, torch.from_dlpack
     of each result), torch.from_dlpack and tvm.runtime.from_dlpack."""
 
-    def __init__(self, like, device, cpu: bool | None = None):
-        kind = "cpu" if (_on_cpu(device) if cpu is None else cpu) else "cuda"
+    def __init__(self, like, device, cpu: bool):
+        kind = "cpu" if cpu else "cuda"
         if like.device.type != kind:
             raise ValueError(f"x is on {like.device}, but the cell was compiled for {kind}")
         self.torch_device = like.device

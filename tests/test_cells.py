@@ -68,3 +68,21 @@ def test_torch_tensors_pass_through_dlpack(rng):
     assert isinstance(y, torch.Tensor) and isinstance(final["h"], torch.Tensor)
     y_ref, _ = halstm.reference(cell, x, params, states)
     assert rel_err(y.numpy(), y_ref) < TOLERANCE["float32"]
+
+
+def test_torch_views_and_tensors_that_require_grad_are_shared_as_their_values(rng):
+    """A non-contiguous weight (a transposed view) and tensors that require grad give the result of
+    their contiguous, detached values, and the caller's tensors are left as they were."""
+    cell = halstm.GRU(12, 16)
+    x, params, states = random_inputs(cell, 4, 2, rng)
+    f = halstm.compile(cell, 4, 2)
+    plain = {k: torch.from_numpy(v) for k, v in params.items()}
+    viewed = dict(plain, weight_hh=torch.from_numpy(params["weight_hh"].T.copy()).T)
+    assert not viewed["weight_hh"].is_contiguous()
+    x_grad = torch.from_numpy(x).requires_grad_()
+    y_plain, _ = f(torch.from_numpy(x), plain, {"h": torch.from_numpy(states["h"])})
+    y, _ = f(x_grad, viewed, {"h": torch.from_numpy(states["h"]).requires_grad_()})
+    assert torch.equal(y, y_plain)
+    assert x_grad.requires_grad and not viewed["weight_hh"].is_contiguous()
+    y_ref, _ = halstm.reference(cell, x, params, states)
+    assert rel_err(y.numpy(), y_ref) < TOLERANCE["float32"]

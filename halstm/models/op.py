@@ -66,7 +66,7 @@ class CompiledOp:
 
         if len(values) != len(self._inputs):
             raise TypeError(f"{self.program.name} takes {self._inputs}, got {len(values)} tensors")
-        frame = TorchFrame(values[0], self.target.device())
+        frame = TorchFrame(values[0], self.target.device(), cpu=self.target.kind == "cpu")
         given = dict(zip(self._inputs, values))
         for name, value in given.items():
             if value.device != values[0].device:
