@@ -50,6 +50,13 @@ VARIANTS = {
                               .replace("tanhf(", "halstm_tanh_approx("),
     # with poll_waiters, the waiters do not wait (the barrier after them stays): the staging polls
     "no-wait": lambda s: re.sub(r"halstm_wait_value<(\d+)>\(\(0 < t\)", r"halstm_wait_value<\1>(false", s),
+    # upper bounds, wrong results (fp16/bf16 sources): the elementwise math's loads of a state at the
+    # block's own units (LSTM's c, GRU's h), of the biases, or the step's input projection, replaced
+    # by constants; libdevice's expf by the SFU's __expf
+    "no-state-load": lambda s: re.sub(r"\(\(float\)\w+_seq_ptr\[[^\]]*\]\)", "0.5f", s),
+    "no-bias-load": lambda s: re.sub(r"\(\(float\)bias\w*_ptr\[[^\]]*\]\)", "0.01f", s),
+    "no-x-proj": lambda s: re.sub(r"= x_proj\d+_ptr\[[^\]]*\];", "= 0.01f;", s),
+    "fast-exp": lambda s: s.replace("expf(", "__expf("),
 }
 
 

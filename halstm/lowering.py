@@ -4,7 +4,8 @@
 more, each time with a tracer that turns its matmuls into what the plan decided:
 
   prologue (batch T*B): the hoisted GEMMs over all steps, the recurrent weights packed (K, N), the
-      initial states copied into row block 0 of each state sequence;
+      initial states copied into row block 0 of each state sequence (a recipe whose kernel does the
+      last two itself takes the hoisted GEMMs alone: ``skeleton(hoisted_only=True)``);
   step (batch B): per stage, the combined GEMM over the packed weights, and the elementwise math.
 
 Each trace becomes a PrimFunc through ``te.create_prim_func``; their bodies are placed, as TVMScript,
@@ -286,17 +287,18 @@ def trace_hoisted(plan: Plan, x, states, params, layout: PackedLayout) -> Hoiste
     return Hoisted(gemms, operands, packed)
 
 
-def _prologue(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
-    """Hoisted GEMMs over all T*B rows, packed recurrent weights, initial states into the sequences."""
+def _prologue(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayout,
+              hoisted_only: bool) -> tvm.tirx.PrimFunc:
+    """Hoisted GEMMs over all T*B rows; unless ``hoisted_only``, packed recurrent weights and initial
+    states into the sequences."""
     cell = plan.cell
     x, states, params = placeholders(cell, steps * batch, dtype)
     inits = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}0") for s in cell.states]
     hoisted = trace_hoisted(plan, x, states, params, layout)
-    copies = [_storage(p, dtype, f"{s}_init") for s, p in zip(cell.states, inits)]
-    outputs = (
-        [hoisted.gemms[g.name] for g in plan.hoisted] + [hoisted.packed[g.name] for g in plan.gemms if g.stage > 0]
-        + copies
-    )
+    outputs = [hoisted.gemms[g.name] for g in plan.hoisted]
+    if not hoisted_only:
+        outputs += [hoisted.packed[g.name] for g in plan.gemms if g.stage > 0]
+        outputs += [_storage(p, dtype, f"{s}_init") for s, p in zip(cell.states, inits)]
     inputs = [x, *inits, *params.values()]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
@@ -376,7 +378,7 @@ def _view(name: str, buffer: str, row: str, rows: int, cols: int, dtype: str) ->
 class Skeleton:
     """The text of a sequence function around its time loop: signature, buffers, prologue, and the
     views one step works on. ``lower`` puts the step loop in it; a recipe that writes its own loop
-    (the persistent kernel) takes it as it is."""
+    (the persistent kernel, with ``skeleton(hoisted_only=True)``) takes it as it is."""
 
     args: list[Arg]
     allocs: list[str]
@@ -401,7 +403,10 @@ def indent(lines, n: int) -> str:
     return textwrap.indent("\n".join(lines), " " * n)
 
 
-def skeleton(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayout) -> Skeleton:
+def skeleton(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayout,
+             hoisted_only: bool = False) -> Skeleton:
+    """``hoisted_only``: the prologue computes the hoisted GEMMs alone; the time loop reads the step's
+    weights where they are and copies the initial states itself (the persistent kernel)."""
     cell, T, B, H = plan.cell, steps, batch, plan.cell.hidden_size
     args = [Arg("x", (T * B, cell.input_size), dtype, "x")]
     args += [Arg(f"{s}0", (B, H), dtype, "state") for s in cell.states]
@@ -411,10 +416,10 @@ def skeleton(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayou
     allocs += [
         f'w_packed{i} = T.alloc_buffer({layout.of(g).shape(g.depth, g.rows)}, "{dtype}")'
         for i, g in enumerate(plan.gemms)
-        if g.stage > 0
+        if g.stage > 0 and not hoisted_only
     ]
-    prologue = [_view(f"{s}_init", f"{s}_seq", "0", B, H, dtype) for s in cell.states]
-    prologue.append(_body(_prologue(plan, T, B, dtype, layout)))
+    prologue = [] if hoisted_only else [_view(f"{s}_init", f"{s}_seq", "0", B, H, dtype) for s in cell.states]
+    prologue.append(_body(_prologue(plan, T, B, dtype, layout, hoisted_only)))
     views = [_view(f"{g.name}_t", g.name, f"t * {B}", B, g.rows, ACCUMULATE) for g in plan.hoisted]
     views += [_view(f"{s}_t", f"{s}_seq", f"t * {B}", B, H, dtype) for s in cell.states]
     views += [_view(f"{s}_next", f"{s}_seq", f"t * {B} + {B}", B, H, dtype) for s in cell.states]

@@ -3,8 +3,9 @@
 Block ``bx`` owns hidden units [g * U, g * U + U), g = bx % (H / U), and rows [r * R, r * R + R) of
 the batch, r = bx // (H / U), R = B / row_blocks (U divides H, H / U x row_blocks blocks <= SMs, one
 block per SM, so the grid is co-resident). Before the time loop it copies the C = gates * U columns of
-the packed recurrent weights that feed its units into shared memory, k contiguous per column, in their
-storage dtype. Then per step and stage:
+the recurrent weights that feed its units into shared memory, k contiguous per column, in their
+storage dtype, read from the parameters where they are (no packed copy), and the grid copies the
+initial states into the sequences. Then per step and stage:
 
     stage the operand     the R x K rows the step GEMM reads (h, written by every block before the
                           grid sync) into shared memory, all threads, VECTOR elements at a time
@@ -53,9 +54,13 @@ store zero accumulators to rows of the partial buffer that nobody reads.
 
 The step's math is not written here: the step program of ``halstm.lowering`` is scheduled only to inline
 its elementwise math (``inline_elementwise``), and each block's expression is re-indexed onto the
-block's units. The prologue (hoisted input GEMM, weight packing, state copies) keeps the step-loop
-recipe's schedule, but for the hoisted GEMM's tensor-core fragments (knob tc_hoisted_frags); in exact
-float32 on Hopper that GEMM runs as three TF32 products on wgmma (``CudaPersistent.layout``).
+block's units. The prologue, the hoisted input GEMM (and its weights' packing) alone
+(``lowering.skeleton(hoisted_only=True)``), keeps the step-loop recipe's schedule, but for the hoisted
+GEMM's tensor-core fragments (knob tc_hoisted_frags); in exact float32 on Hopper that GEMM runs as
+three TF32 products on wgmma (``CudaPersistent.layout``). The step's weight packing and the copies of
+the initial states, four kernels of their own before, took 7-14 % of a call at T=100, B <= 16 (H100,
+run 115: prepared ms, before / now, LSTM fp16 (100,16,512) 0.236 / 0.207, (100,8,512) 0.232 / 0.199,
+GRU fp16 (100,16,512) 0.208 / 0.192, LSTM fp32 (100,1,256) 0.169 / 0.157; (1024,16,768) 2.464 / 2.475).
 """
 
 from __future__ import annotations
@@ -611,18 +616,18 @@ class _Kernel:
 
     def load_weights(self, g: _Gemm) -> list[str]:
         """Columns k-contiguous: w_s[c * stride + k], zeros past K and past C (the columns padded to
-        whole fragments); read column-fastest (coalesced)."""
-        dtype, total, i = self.p.dtype, g.ldc * g.stride, g.index
+        whole fragments), read where they are (the value ``lowering.stacked`` packs: the parameter
+        (N, K) itself for a GEMM of one matmul), k fastest: coalesced."""
+        (k_iv, n_iv), weight = _packings(self.p)[g.index]
 
         def body(q):
-            k, c = f"{q} // {g.ldc}", f"{q} % {g.ldc}"
+            c, k = f"{q} // {g.stride}", f"{q} % {g.stride}"
             inside = f"{k} < {g.K}" + (f" and {c} < {g.C}" if g.ldc > g.C else "")
             column = self.global_column(f"T.min({c}, {g.C - 1})" if g.ldc > g.C else c)
-            value = (f"T.if_then_else({inside}, w_packed{i}[T.min({k}, {g.K - 1}), {column}], "
-                     f'T.Cast("{dtype}", T.float32(0)))')
-            return [f"w_s{i}[({c}) * {g.stride} + {k}] = {value}"]
+            value = substitute(weight, {k_iv: f"T.min({k}, {g.K - 1})", n_iv: column})
+            return [f'w_s{g.index}[{q}] = T.if_then_else({inside}, {value}, T.Cast("{self.p.dtype}", T.float32(0)))']
 
-        return self.flat(total, body)
+        return self.flat(g.ldc * g.stride, body)
 
     def zero(self, name: str, size: int, dtype: str) -> list[str]:
         return self.flat(size, lambda q: [f'{name}[{q}] = T.Cast("{dtype}", T.float32(0))'])
@@ -686,17 +691,28 @@ class _Kernel:
         call = f'T.call_extern("void", "halstm_poll_stage<{v * word}, {word}>", t > 0, {", ".join(pointers)})'
         return lines + [f"for p_r in range({-(-rounds // unroll)}):", f"    T.evaluate({call})"]
 
-    def fill_sentinel(self, state: str) -> list[str]:
-        """The state's sequence past the initial state, SENTINEL everywhere, shared out over the grid."""
-        T_, B, H, dtype = self.p.steps, self.p.batch, self.H, self.p.dtype
-        v = 16 // BYTES[dtype] if H % (16 // BYTES[dtype]) == 0 else 1  # 16-byte stores where rows allow
-        total, per_round = T_ * B * H // v, self.grid * self.threads
+    def over_grid(self, rows: int, store, v: int = 1) -> list[str]:
+        """``store(row, column)`` for every element of ``rows`` x H, shared out over the grid's
+        threads, v at once."""
+        H = self.H
+        total, per_round = rows * H // v, self.grid * self.threads
         i = f"((p_r * {self.grid} + p_bx) * {self.threads} + p_tx)"
-        bits = 8 * BYTES[dtype]
-        sentinel = f'T.reinterpret("{dtype}", T.uint{bits}({SENTINEL[bits]}))'
+        e = f"({i} * {v} + p_v)"
         return [f"for p_r in range({-(-total // per_round)}):", f"    if {i} < {total}:",
-                f"        for p_v in T.vectorized({v}):",
-                f"            {state}_seq[{B} + ({i} * {v} + p_v) // {H}, ({i} * {v} + p_v) % {H}] = {sentinel}"]
+                f"        for p_v in T.vectorized({v}):", f"            {store(f'{e} // {H}', f'{e} % {H}')}"]
+
+    def copy_initial(self, state: str) -> list[str]:
+        """The initial state into the first rows of its sequence, where the first step reads it (an
+        element at a time: the caller's buffer need not be 16-byte aligned)."""
+        return self.over_grid(self.p.batch, lambda r, c: f"{state}_seq[{r}, {c}] = {state}0[{r}, {c}]")
+
+    def fill_sentinel(self, state: str) -> list[str]:
+        """The state's sequence past the initial state, SENTINEL everywhere, 16 bytes a store where
+        rows allow (the sequence is halstm's own allocation)."""
+        B, H, dtype = self.p.batch, self.H, self.p.dtype
+        v = 16 // BYTES[dtype] if H % (16 // BYTES[dtype]) == 0 else 1
+        sentinel = f'T.reinterpret("{dtype}", T.uint{8 * BYTES[dtype]}({SENTINEL[8 * BYTES[dtype]]}))'
+        return self.over_grid(self.p.steps * B, lambda r, c: f"{state}_seq[{B} + {r}, {c}] = {sentinel}", v)
 
     def gemm_text(self, g: _Gemm) -> list[str]:
         """The GEMM's partial tiles and a sync (the elementwise math adds the partials: ``result``)."""
@@ -865,12 +881,15 @@ class _Kernel:
         return out
 
     def setup(self) -> list[str]:
-        """Before the time loop: the weights, and zeros in every other shared buffer. The operand's
-        padding (columns past K) must stay zero for all steps; and a buffer first written inside the
-        loop is one that TVM's merge of the shared allocations may place over another (it put
-        ResetBeforeGRU's second partial buffer over the first): written before the loop, all of them
-        stay live through it, apart, as ``shared_bytes`` counts them."""
+        """Before the time loop: the weights, and zeros in every other shared buffer; the initial
+        states into their sequences, then a grid sync. The operand's padding (columns past K) must
+        stay zero for all steps; and a buffer first written inside the loop is one that TVM's merge
+        of the shared allocations may place over another (it put ResetBeforeGRU's second partial
+        buffer over the first): written before the loop, all of them stay live through it, apart, as
+        ``shared_bytes`` counts them."""
         lines = []
+        for state in self.p.cell.states:
+            lines += self.copy_initial(state)
         for g in self.gemms:
             lines += self.load_weights(g)
         for name, size, dtype, scope in self.buffers():
@@ -883,7 +902,7 @@ class _Kernel:
             lines.append('T.tvm_storage_sync("shared")')
         for g in resident:
             lines += self.resident_weights(g)
-        return lines + ["T.cuda.grid_sync()" if self.polled else 'T.tvm_storage_sync("shared")']
+        return lines + ["T.cuda.grid_sync()"]
 
     def step(self) -> list[str]:
         """One step: per stage the GEMM, then its elementwise blocks in one loop; grid syncs where a
@@ -908,7 +927,7 @@ class _Kernel:
 
     def func(self) -> tvm.tirx.PrimFunc:
         p, B, H = self.p, self.p.batch, self.H
-        frame = skeleton(p.plan, p.steps, B, p.dtype, p.layout)
+        frame = skeleton(p.plan, p.steps, B, p.dtype, p.layout, hoisted_only=True)
         outputs = {f"{s}_next" for s in p.cell.states}
         allocs = [f'{b[1]} = T.alloc_buffer(({B}, {H}), "float32")'
                   for b in self.blocks if not isinstance(b, _Gemm) and b[1] not in outputs]
@@ -946,6 +965,21 @@ def _step_blocks(program):
     cannot do on its own units: a cell's own reduction, a GEMM whose columns are not whole gates, a
     block not over (B, H), no step GEMM."""
     return _per_program("blocks", program, None, lambda: _analyse_step(program))
+
+
+def _packings(program) -> dict[int, tuple[list[str], str]]:
+    """By GEMM index, the step GEMMs' packed weights at (k, n) as the lowering's prologue computes
+    them: (the iteration variables for k and n, the printed value), read in place of the packed copy."""
+
+    def analyse():
+        sch, out = Schedule(program.mod), {}
+        for i, gemm in enumerate(program.plan.gemms):
+            if gemm.stage > 0:
+                block = sch.get(sch.get_sblock(f"w_packed{i}"))
+                out[i] = [iv.var.name for iv in block.iter_vars], str(block.body.value)
+        return out
+
+    return _per_program("packings", program, None, analyse)
 
 
 def _analyse_step(program):

@@ -3,6 +3,7 @@ for TVMScript's namespace (math, casts, blocks, the WMMA calls), ``Buffer`` for 
 access ``Memory`` records to find races between threads (``Race``). Used by the persistent kernel's
 tests (its step text, phase by phase) and the weight-packing tests (TVM's lowered kernels)."""
 
+import ast
 import contextlib
 import math
 
@@ -175,3 +176,20 @@ class T:
     def tvm_store_matrix_sync(frag, m, n, k, index, pointer, ldm, layout, dtype=None):
         for buffer, i, r, c in tile(pointer, ldm, layout):
             buffer[i] = frag.tiles[index, r, c]
+
+
+class _LazyIfThenElse(ast.NodeTransformer):
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr == "if_then_else" and isinstance(f.value, ast.Name) and f.value.id == "T":
+            return ast.IfExp(test=node.args[0], body=node.args[1], orelse=node.args[2])
+        return node
+
+
+def compile_text(source: str, name: str):
+    """TVMScript statements compiled to run as Python, ``T.if_then_else`` evaluating only the branch
+    it takes, as TIR does (a stacked weight's read of another matmul's rows is then never made)."""
+    tree = ast.fix_missing_locations(_LazyIfThenElse().visit(ast.parse(source)))
+    return compile(tree, name, "exec")
+

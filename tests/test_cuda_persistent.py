@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tvm
 from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
-from cuda_emulator import Buffer, Fragment, Memory, Race, T
+from cuda_emulator import Buffer, Fragment, Memory, Race, T, compile_text
 from halstm.schedules import CudaPersistent
 from halstm.schedules.cuda_persistent import _Gemm, _Kernel, _warp_frags
 from halstm.targets import CudaTarget
@@ -354,6 +354,20 @@ def test_polled_kernel_compiles_with_its_helpers(tmp_path):
     assert_nvcc_compiles(source, tmp_path)
 
 
+@pytest.mark.parametrize("cell, dtype", [(halstm.LSTM, "float16"), (halstm.ResetBeforeGRU, "float32")],
+                         ids=["LSTM-float16", "ResetBeforeGRU-float32"])
+def test_a_call_packs_no_step_weights_and_copies_no_states_in_kernels_of_their_own(cell, dtype):
+    """The persistent kernel reads the step's weights from the parameters (ResetBeforeGRU: two step
+    GEMMs) and copies the initial states itself: besides it, a call launches only the hoisted GEMM and
+    the packing of its weights. Every kernel's pointer arguments name what it reads and writes."""
+    f = halstm.compile(cell(20, 24), 3, 16, dtype, target=H100, recipe="cuda-persistent")
+    kernels = re.findall(r'extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\(([^)]*)\) \{',
+                         f.module.mod.imports[0].inspect_source())
+    persistent = [name for name, args in kernels if "_seq_ptr" in args]
+    assert len(persistent) == 1 and not any("w_packed1" in args or "w_packed2" in args for _, args in kernels)
+    assert len(kernels) <= 3, [name for name, _ in kernels]
+
+
 def _persistent_kernel(source: str, name: str) -> tuple[str, str]:
     """(the module's helper definitions, its cooperative kernel (the one that grid-syncs) renamed)."""
     head = source[:source.index('extern "C" __global__')]
@@ -439,7 +453,7 @@ def _phases(lines):
     out, current = [], []
     for line in lines:
         if line in ('T.tvm_storage_sync("shared")', "T.cuda.grid_sync()"):
-            out.append((compile("\n".join(current) or "pass", "<step>", "exec"), line.startswith("T.cuda")))
+            out.append((compile_text("\n".join(current) or "pass", "<step>"), line.startswith("T.cuda")))
             current = []
         else:
             current.append(line)
@@ -460,14 +474,12 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
     env = {"T": T}
     for name, value in params.items():
         env[name] = Buffer(name, value, memory)
-    for i, g in enumerate(plan.gemms):
+    for g in plan.hoisted:  # the prologue's GEMMs; the kernel reads the step's weights where they are
         packed = np.concatenate([params[m.weight] for m in g.members]).T
-        env[f"w_packed{i}"] = Buffer(f"w_packed{i}", packed, memory)
-        if g.stage == 0:
-            env[g.name] = Buffer(g.name, x.reshape(steps * B, -1) @ packed, memory)
-    seqs = {s: np.zeros(((steps + 1) * B, H)) for s in cell.states}
+        env[g.name] = Buffer(g.name, x.reshape(steps * B, -1) @ packed, memory)
+    seqs = {s: np.full(((steps + 1) * B, H), np.nan) for s in cell.states}  # the kernel copies the initial states
     for s in cell.states:
-        seqs[s][:B] = states[s]
+        env[f"{s}0"] = Buffer(f"{s}0", states[s], memory)
         env[f"{s}_seq"] = Buffer(f"{s}_seq", seqs[s], memory)
     for kind, name, *_ in (b for b in kernel.blocks if not isinstance(b, _Gemm)):
         if f"{name}" not in {f"{s}_next" for s in cell.states}:
