@@ -437,6 +437,11 @@ def lower(
 ) -> Program:
     """The whole sequence as one PrimFunc ``main`` (unscheduled)."""
     plan = plan or make_plan(cell)
+    if plan.x_in_step:
+        raise ValueError(
+            f"{cell.name}.step reads x outside a matmul: halstm takes x into the step only through the "
+            "matmuls it hoists (write the term as linear(x, weight), an identity weight if need be)"
+        )
     frame = skeleton(plan, steps, batch, dtype, layout)
     loop = f"""    for t in range({steps}):
         with T.sblock("step"):
