@@ -113,13 +113,8 @@ class _RecordingTracer:
         return result
 
 
-def _upstream(t: te.Tensor) -> set:
-    """Every op that t is computed from, t's own included."""
-    return _upstream_within(t, set())
-
-
-def _upstream_within(t: te.Tensor, stops: set) -> set:
-    """The ops t is computed from, t's own included, not looking past the ops in ``stops``."""
+def _upstream(t: te.Tensor, stops: frozenset = frozenset()) -> set:
+    """Every op that t is computed from, t's own included, not looking past the ops in ``stops``."""
     seen, todo = set(), [t.op]
     while todo:
         op = todo.pop()
@@ -159,11 +154,11 @@ def make_plan(cell: Cell) -> Plan:
         group.members.append(m)
 
     depth = max((g.stage for g in gemms), default=0)
-    hoisted_results = {m.result.op for m in calls if stage[m.index] == 0}
+    hoisted_results = frozenset(m.result.op for m in calls if stage[m.index] == 0)
     return Plan(
         cell,
         calls,
         hoisted=[g for g in gemms if g.stage == 0],
         stages=[[g for g in gemms if g.stage == s] for s in range(1, depth + 1)],
-        x_in_step=any(traced.x.op in _upstream_within(t, hoisted_results) for t in traced.next_states),
+        x_in_step=any(traced.x.op in _upstream(t, hoisted_results) for t in traced.next_states),
     )
