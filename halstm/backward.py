@@ -155,6 +155,9 @@ def lower_backward(
     and the backward packs its own weights, so it needs neither that grouping nor the forward's
     (N, K) layout or its float32 split (``tf32x3``): exact float32 stays on FFMA here."""
     backward = BackwardPlan(plan or make_plan(cell))
+    if backward.forward.x_in_step:
+        raise ValueError(f"{cell.name}.step reads x outside a matmul: its backward is not built yet "
+                         "(the adjoint of x would have a term from the step's math besides the hoisted GEMMs')")
     layout = PackedLayout(tile=layout.tile) if layout else PackedLayout()
     bptt, kept = _bptt(backward, steps, batch, dtype, layout)
     weights = _weights(backward, steps, batch, dtype, layout, kept)

@@ -6,7 +6,8 @@ more, each time with a tracer that turns its matmuls into what the plan decided:
   prologue (batch T*B): the hoisted GEMMs over all steps, the recurrent weights packed (K, N), the
       initial states copied into row block 0 of each state sequence (a recipe whose kernel does the
       last two itself takes the hoisted GEMMs alone: ``skeleton(hoisted_only=True)``);
-  step (batch B): per stage, the combined GEMM over the packed weights, and the elementwise math.
+  step (batch B): per stage, the combined GEMM over the packed weights, and the elementwise math
+      (which reads the step's rows of x too, ``x_t``, where the cell uses x outside a matmul).
 
 Each trace becomes a PrimFunc through ``te.create_prim_func``; their bodies are placed, as TVMScript,
 into one function whose ``for t`` loop holds an opaque ``step`` block. That block binds the step's
@@ -288,7 +289,7 @@ def trace_hoisted(plan: Plan, x, states, params, layout: PackedLayout) -> Hoiste
 
 
 def _prologue(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayout,
-              hoisted_only: bool) -> tvm.tirx.PrimFunc:
+              hoisted_only: bool) -> tvm.tirx.PrimFunc | None:
     """Hoisted GEMMs over all T*B rows; unless ``hoisted_only``, packed recurrent weights and initial
     states into the sequences."""
     cell = plan.cell
@@ -299,6 +300,8 @@ def _prologue(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayo
     if not hoisted_only:
         outputs += [hoisted.packed[g.name] for g in plan.gemms if g.stage > 0]
         outputs += [_storage(p, dtype, f"{s}_init") for s, p in zip(cell.states, inits)]
+    if not outputs:  # hoisted_only, and x enters the step without a matmul
+        return None
     inputs = [x, *inits, *params.values()]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
@@ -322,10 +325,12 @@ class StepTrace:
     gemms: dict
     operands: dict
     traced: Trace
+    x: te.Tensor | None = None  # the step's rows of x, where its math reads x itself (Plan.x_in_step)
 
     @property
     def inputs(self) -> list:
-        return [*self.x_proj.values(), *self.states, *self.params.values(), *self.packed.values()]
+        x = [self.x] if self.x is not None else []
+        return [*self.x_proj.values(), *x, *self.states, *self.params.values(), *self.packed.values()]
 
 
 def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodiff: bool = False) -> StepTrace:
@@ -335,7 +340,8 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodif
     and two conversions. With ``autodiff`` the operands read the views, the ops the adjoints flow
     through."""
     cell = plan.cell
-    x, _, params = placeholders(cell, batch, dtype)
+    _, _, params = placeholders(cell, batch, dtype)
+    x = te.placeholder((batch, cell.input_size), dtype, name="x_t")
     states = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}_t") for s in cell.states]
     x_proj = {g.name: te.placeholder((batch, g.rows), ACCUMULATE, name=f"{g.name}_t") for g in plan.hoisted}
     packed = {
@@ -357,7 +363,7 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodif
         return gemms[gemm.name]
 
     traced = _trace_with(plan, x, views, params, gemm_result, layout)
-    return StepTrace(x_proj, states, params, packed, gemms, operands, traced)
+    return StepTrace(x_proj, states, params, packed, gemms, operands, traced, x if plan.x_in_step else None)
 
 
 def _operand(a: te.Tensor, gemm: Gemm, layout: PackedLayout) -> te.Tensor:
@@ -419,8 +425,11 @@ def skeleton(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayou
         if g.stage > 0 and not hoisted_only
     ]
     prologue = [] if hoisted_only else [_view(f"{s}_init", f"{s}_seq", "0", B, H, dtype) for s in cell.states]
-    prologue.append(_body(_prologue(plan, T, B, dtype, layout, hoisted_only)))
+    before_loop = _prologue(plan, T, B, dtype, layout, hoisted_only)
+    prologue.append(_body(before_loop) if before_loop is not None else "T.evaluate(0)")
     views = [_view(f"{g.name}_t", g.name, f"t * {B}", B, g.rows, ACCUMULATE) for g in plan.hoisted]
+    if plan.x_in_step:
+        views.append(_view("x_t", "x", f"t * {B}", B, cell.input_size, dtype))
     views += [_view(f"{s}_t", f"{s}_seq", f"t * {B}", B, H, dtype) for s in cell.states]
     views += [_view(f"{s}_next", f"{s}_seq", f"t * {B} + {B}", B, H, dtype) for s in cell.states]
     return Skeleton(args, allocs, prologue, views)
@@ -437,11 +446,6 @@ def lower(
 ) -> Program:
     """The whole sequence as one PrimFunc ``main`` (unscheduled)."""
     plan = plan or make_plan(cell)
-    if plan.x_in_step:
-        raise ValueError(
-            f"{cell.name}.step reads x outside a matmul: halstm takes x into the step only through the "
-            "matmuls it hoists (write the term as linear(x, weight), an identity weight if need be)"
-        )
     frame = skeleton(plan, steps, batch, dtype, layout)
     loop = f"""    for t in range({steps}):
         with T.sblock("step"):

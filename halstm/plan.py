@@ -97,6 +97,8 @@ class Plan:
             lines.append(f"             then one fused elementwise block -> {made}")
         if not self.stages:
             lines.append("    one fused elementwise block -> next " + ", ".join(self.cell.states))
+        if self.x_in_step:
+            lines.append("  the elementwise math reads the step's rows of x too")
         return "\n".join(lines)
 
 

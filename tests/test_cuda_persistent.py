@@ -12,6 +12,7 @@ import pytest
 import tvm
 from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
 from cuda_emulator import Buffer, Fragment, Memory, Race, T, compile_text
+from test_custom_cell import X_IN_STEP
 from halstm.schedules import CudaPersistent
 from halstm.schedules.cuda_persistent import _Gemm, _Kernel, _warp_frags
 from halstm.targets import CudaTarget
@@ -477,6 +478,7 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
     for g in plan.hoisted:  # the prologue's GEMMs; the kernel reads the step's weights where they are
         packed = np.concatenate([params[m.weight] for m in g.members]).T
         env[g.name] = Buffer(g.name, x.reshape(steps * B, -1) @ packed, memory)
+    env["x"] = Buffer("x", x.reshape(steps * B, -1), memory)
     seqs = {s: np.full(((steps + 1) * B, H), np.nan) for s in cell.states}  # the kernel copies the initial states
     for s in cell.states:
         env[f"{s}0"] = Buffer(f"{s}0", states[s], memory)
@@ -492,7 +494,7 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
         for bx in range(kernel.grid):
             views = {f"{s}_t": env[f"{s}_seq"].view(t * B) for s in cell.states}
             views |= {f"{s}_next": env[f"{s}_seq"].view(t * B + B) for s in cell.states}
-            views |= {f"{g.name}_t": env[g.name].view(t * B) for g in plan.hoisted}
+            views |= {f"{g.name}_t": env[g.name].view(t * B) for g in plan.hoisted} | {"x_t": env["x"].view(t * B)}
             for tx in range(kernel.threads):
                 memory.who = (bx, tx)
                 # the recipe's own generated step text, run as Python
@@ -546,6 +548,12 @@ def _check_emulation(cell, B, I, H, knobs, staged=True, **lowering):
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
 def test_emulated_step_text_matches_reference_without_races(cell, shape, staged):
     _check_emulation(cell, *shape, staged)
+
+
+@pytest.mark.parametrize("cell", X_IN_STEP, ids=lambda c: c.__name__)
+def test_emulated_step_that_reads_x_itself_matches_reference_without_races(cell):
+    """The math reads the step's rows of x (``x_t``) at its own (row, unit), from global memory."""
+    _check_emulation(cell, 3, 10, 10, {"threads": 32, "units": 5, "tile_rows": 2, "tile_cols": 2, "max_split": 4})
 
 
 @pytest.mark.parametrize("resident", [True, False], ids=["resident-weights", "weights-from-shared"])
