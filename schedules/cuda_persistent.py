@@ -58,8 +58,8 @@ block's units. The prologue, the hoisted input GEMM (and its weights' packing) a
 (``lowering.skeleton(hoisted_only=True)``), keeps the step-loop recipe's schedule, but for the hoisted
 GEMM's tensor-core fragments (knob tc_hoisted_frags); in exact float32 on Hopper that GEMM runs as
 three TF32 products on wgmma (``CudaPersistent.layout``). The step's weight packing and the copies of
-the initial states, four kernels of their own before, took 5-14 % of a call at T=100, B <= 16 (H100,
-runs 115-116, prepared ms, before / now: LSTM fp16 (100,16,512) 0.236, 0.223 / 0.207, 0.208; (100,8,512)
+the initial states, kernels of their own before (three at LSTM: W_hh's packing, h's and c's copies), took
+5-14 % of a prepared call at T=100, B <= 16 (H100, runs 115-116, prepared ms, before / now: LSTM fp16 (100,16,512) 0.236, 0.223 / 0.207, 0.208; (100,8,512)
 0.232, 0.229 / 0.199, 0.200; GRU fp16 (100,16,512) 0.208, 0.203 / 0.192, 0.192; LSTM fp32 (100,1,256)
 0.169 / 0.157, 0.156; at (1024,16,768) no change, 2.464, 2.514 / 2.475, 2.456).
 """

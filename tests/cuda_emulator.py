@@ -139,10 +139,6 @@ class T:
         return x
 
     @staticmethod
-    def if_then_else(cond, a, b):
-        return a if cond else b
-
-    @staticmethod
     def sigmoid(x):
         return 1 / (1 + math.exp(-x))
 
@@ -178,18 +174,15 @@ class T:
             buffer[i] = frag.tiles[index, r, c]
 
 
-class _LazyIfThenElse(ast.NodeTransformer):
+class LazyIfThenElse(ast.NodeTransformer):
+    """T.if_then_else(c, a, b) as (a if c else b): as in TIR and CUDA, the arm not taken is not read (a
+    stacked weight's read at n minus the first weight's rows: out of bounds)."""
+
     def visit_Call(self, node):
         self.generic_visit(node)
-        f = node.func
-        if isinstance(f, ast.Attribute) and f.attr == "if_then_else" and isinstance(f.value, ast.Name) and f.value.id == "T":
-            return ast.IfExp(test=node.args[0], body=node.args[1], orelse=node.args[2])
-        return node
+        return ast.IfExp(*node.args) if ast.unparse(node.func) == "T.if_then_else" else node
 
 
 def compile_text(source: str, name: str):
-    """TVMScript statements compiled to run as Python, ``T.if_then_else`` evaluating only the branch
-    it takes, as TIR does (a stacked weight's read of another matmul's rows is then never made)."""
-    tree = ast.fix_missing_locations(_LazyIfThenElse().visit(ast.parse(source)))
-    return compile(tree, name, "exec")
-
+    """TVMScript statements compiled to run as Python, ``T.if_then_else`` lazily (``LazyIfThenElse``)."""
+    return compile(ast.fix_missing_locations(LazyIfThenElse().visit(ast.parse(source))), name, "exec")

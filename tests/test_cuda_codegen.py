@@ -24,7 +24,7 @@ from halstm.schedules.cuda_tensorcore import TensorCoreTile, tensorize_works
 from halstm.targets import CudaTarget
 
 from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
-from cuda_emulator import Buffer, Memory, T
+from cuda_emulator import Buffer, LazyIfThenElse, Memory, T
 
 CELLS = (halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU)
 DTYPES = ("float32", "float16", "bfloat16")
@@ -421,15 +421,6 @@ def test_step_gemm_settings_compile(cell, dtype, shape, knobs, tmp_path):
 
 # --- the packed weights: a tiled transpose through shared memory ---------------------------------------
 
-class _Lazy(ast.NodeTransformer):
-    """T.if_then_else(c, a, b) as (a if c else b): as in CUDA, the arm not taken is not read (a
-    stacked cell's second weight at n minus the first's rows: out of bounds)."""
-
-    def visit_Call(self, node):
-        self.generic_visit(node)
-        return ast.IfExp(*node.args) if ast.unparse(node.func) == "T.if_then_else" else node
-
-
 class _KernelT(T):
     float16 = bfloat16 = float
 
@@ -454,7 +445,7 @@ def _run_kernel(func, arrays: dict) -> None:
     # "with T.launch_thread(...) as tx:" or, without TVM's storage rewrite, "tx = T.launch_thread(...)"
     launch = re.search(r'(?:with T.launch_thread\("threadIdx.x", (\d+)\) as (\w+):|(\w+) = T.launch_thread\("threadIdx.x", (\d+)\))\n', text)
     threads, tx = (launch.group(1), launch.group(2)) if launch.group(1) else (launch.group(4), launch.group(3))
-    body = _Lazy().visit(ast.parse(textwrap.dedent(text[launch.end():])))
+    body = LazyIfThenElse().visit(ast.parse(textwrap.dedent(text[launch.end():])))
     phases = [[]]
     for statement in body.body:
         if "T.alloc_shared(" in ast.unparse(statement):
