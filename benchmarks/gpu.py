@@ -26,6 +26,7 @@ import torch
 
 import halstm
 from halstm import schedules
+from halstm.bench import save_png
 from halstm.targets import CudaTarget
 
 SHAPES = [(100, 1, 256), (100, 16, 512), (100, 64, 1024), (100, 256, 1024), (512, 64, 512),
@@ -310,7 +311,7 @@ def plot(rows, path):
     ax.set_ylabel("us per step")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    save_png(fig, path, dpi=80)
 
 
 def main():
