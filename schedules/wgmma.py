@@ -20,7 +20,7 @@ operands (fp32 ones as TF32), one kernel that a schedule tensorizes a whole GEMM
 WMMA (cuda_tensorcore.py) reaches the tensor cores through warp-level mma.sync, whose operands every
 warp first loads from shared memory into registers; wgmma reads both from shared memory itself, a
 warpgroup at a time, and runs asynchronously to the issuing threads. H100, the kernels alone
-(``benchmarks/gemm_tiles.py``, docs/gpu-runs/2026-11-25-run79-wgmma-gemm.md.gz and run 89), us, fp16:
+(``benchmarks/gemm_tiles.py``, docs/gpu-runs.tar.xz: gpu-runs/2026-11-25-run79-wgmma-gemm.md.gz and run 89), us, fp16:
 
     GEMM (M x N x K)        WMMA (recipe default)   wgmma (wgmma_tile)   wgmma, C 8 bytes a store   cuBLAS
     25600 x 4096 x 1024     697                     573                  387                        300-307
