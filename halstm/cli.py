@@ -129,7 +129,8 @@ def _export(args) -> int:
     f = compile_cell(cell, args.steps, args.batch, args.dtype, args.target, database=args.database,
                      allow_tf32=args.allow_tf32)
     export(f, args.out)
-    print(f"wrote {args.out} and {args.out}.json: {f!r}")
+    source = "defaults" if f.record is None else f"tuning record of T={f.record.key['steps']}, {f.record.ms:.3f} ms"
+    print(f"wrote {args.out} and {args.out}.json: {f!r} ({source})")
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import time
 import warnings
@@ -102,6 +103,17 @@ class Database:
     def best(self, key: dict, recipes: set[str] | None = None) -> Record | None:
         """The fastest successful record for ``key`` (among ``recipes``, if given): ``fastest``."""
         return fastest([r for r in self.records(key) if recipes is None or r.recipe in recipes])
+
+    def nearest_steps(self, key: dict, recipes: set[str] | None = None) -> Record | None:
+        """The best record of ``key`` but for its sequence length: at the recorded length nearest
+        ``key``'s by ratio (the larger where two are as near). What the knobs choose, the kernels
+        of a step and their tiles, does not depend on the number of steps."""
+        others = [r for r in self.records() if r.key["steps"] != key["steps"]
+                  and {**r.key, "steps": key["steps"]} == key and (recipes is None or r.recipe in recipes)]
+        if not others:
+            return None
+        steps = min({r.key["steps"] for r in others}, key=lambda s: (abs(math.log(s / key["steps"])), -s))
+        return fastest([r for r in others if r.key["steps"] == steps])
 
 
 def fastest(records: list[Record]) -> Record | None:

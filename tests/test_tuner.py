@@ -10,7 +10,7 @@ import pytest
 import halstm
 from halstm import targets
 from halstm.cli import main
-from halstm.database import Database, Record
+from halstm.database import Database, Record, tuning_key
 from halstm.lowering import lower
 from halstm.schedules import CpuStepLoop, Recipe
 from halstm.tuner import tune
@@ -47,6 +47,36 @@ def test_interrupted_run_resumes_and_compile_uses_the_best(tmp_path):
 
     f = halstm.compile(halstm.GRU(12, 16), 4, 3, database=db)
     assert (f.recipe.name, f.knobs) == (best.recipe, best.knobs)
+
+
+def test_compile_takes_the_record_of_the_nearest_sequence_length(tmp_path):
+    """Without a record for its T, compile takes the best one tuned at the nearest T (by ratio, the
+    larger T of two as near) for the same cell, batch, dtype and target; one for its own T wins, and
+    one whose knobs this halstm does not have is passed over with a warning."""
+    db = Database(tmp_path / "db.jsonl")
+    cell, target = halstm.GRU(12, 16), targets.resolve("cpu")
+
+    def record(steps, batch, knobs, ms):
+        db.append(Record(tuning_key(cell, steps, batch, "float32", target), "cpu-step-loop", knobs, ms))
+
+    at4, at64 = {"rows": 2, "vectors": 1, "panel": 32}, {"rows": 8, "vectors": 1, "panel": 128}
+    record(4, 3, at4, 1.0)
+    record(64, 3, at64, 5.0)
+    record(64, 3, {"rows": 6, "vectors": 1, "panel": 64}, 9.0)
+    record(10, 2, {"rows": 4, "vectors": 3, "panel": 256}, 0.5)  # another batch: never borrowed
+    assert db.nearest_steps(tuning_key(cell, 16, 3, "float32", target)).knobs == at64, "4x from both: the larger"
+    f = halstm.compile(cell, 8, 3, database=db)
+    assert (f.knobs, f.record.key["steps"]) == (at4, 4)
+    assert halstm.compile(cell, 32, 3, database=db).knobs == at64
+    assert halstm.compile(cell, 9, 2, database=db).knobs == {"rows": 4, "vectors": 3, "panel": 256}
+
+    own = {"rows": 4, "vectors": 2, "panel": 64}
+    record(32, 3, own, 3.0)
+    assert halstm.compile(cell, 32, 3, database=db).knobs == own
+    record(8, 3, {"tiles": 3}, 0.1)
+    with pytest.warns(UserWarning, match="does not run here; using the defaults"):
+        f = halstm.compile(cell, 8, 3, database=db)
+    assert (f.knobs, f.record) == (CpuStepLoop().defaults(lower(cell, 8, 3, "float32"), target), None)
 
 
 class WrongGRU(halstm.GRU):
