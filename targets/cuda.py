@@ -144,7 +144,7 @@ def tf32_fragments(source: str) -> str:
 
 # Device functions that recipes call by name (T.call_extern), defined in a kernel's source where it
 # calls them. The persistent kernel's step synchronised through the states' values
-# (schedules/cuda_persistent.py, _Kernel.polled): the not-yet-written values hold a sentinel, a NaN
+# (schedules/persistent_kernel.py, PersistentKernel.polled): the not-yet-written values hold a sentinel, a NaN
 # with every bit set, that no stored value may have.
 DEVICE_HELPERS = r"""
 template <int N> __device__ __forceinline__ void halstm_load_relaxed(unsigned int* w, const void* p) {

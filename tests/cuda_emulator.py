@@ -112,7 +112,7 @@ class T:
 
     @staticmethod
     def reinterpret(dtype, bits):
-        """Only the polled states' sentinel (schedules/cuda_persistent.py) is reinterpreted: NaN."""
+        """Only the polled states' sentinel (schedules/persistent_kernel.py) is reinterpreted: NaN."""
         return math.nan
 
     @staticmethod

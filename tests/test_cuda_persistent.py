@@ -14,7 +14,7 @@ from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inpu
 from cuda_emulator import Buffer, Fragment, Memory, Race, T, compile_text
 from test_custom_cell import X_IN_STEP
 from halstm.schedules import CudaPersistent
-from halstm.schedules.cuda_persistent import _Gemm, _Kernel, _warp_frags
+from halstm.schedules.persistent_kernel import BlockGemm, PersistentKernel, _warp_frags
 from halstm.targets import CudaTarget
 
 import halstm
@@ -67,7 +67,7 @@ def test_shared_buffers_are_never_placed_over_each_other(cell, batch, hidden):
     must survive every step. All buffers are written before the time loop, so the merged allocation is
     at least their sum: what ``shared_bytes`` counts against the limit."""
     program = _program(cell, batch=batch, hidden=hidden)
-    kernel = _Kernel.plan(program, H100, CudaPersistent().defaults(program, H100))
+    kernel = PersistentKernel.plan(program, H100, CudaPersistent().defaults(program, H100))
     assert kernel.shared_bytes() <= _allocated_shared_bytes(program) <= H100.shared_memory
 
 
@@ -93,7 +93,7 @@ def test_reset_before_gru_stages_one_operand_for_both_gemms():
     program = _program(halstm.ResetBeforeGRU, batch=64, hidden=1024, dtype="float16", inputs=32)
     old = {"units": 8, "row_blocks": 1}
     knobs = CudaPersistent().resolve(program, H100, old)
-    kernel = _Kernel.plan(program, H100, knobs)
+    kernel = PersistentKernel.plan(program, H100, knobs)
     assert knobs["tensor_cores"] and kernel.staged
     assert [name for name, *_ in kernel.buffers() if name.startswith("a_s")] == ["a_s1"]
     assert kernel.shared_bytes() == _allocated_shared_bytes(program, **old) == 220672 <= H100.shared_memory
@@ -111,7 +111,7 @@ def test_operand_falls_back_to_global_memory_when_it_does_not_fit():
     """B=64, H=1024 fp32: the weights (32 columns x 1024) fit, the 64 x 1024 operand beside them not."""
     program = _program(batch=64, hidden=1024)
     knobs = CudaPersistent().defaults(program, H100)
-    kernel = _Kernel.plan(program, H100, knobs)
+    kernel = PersistentKernel.plan(program, H100, knobs)
     assert not kernel.staged and kernel.shared_bytes() <= H100.shared_memory
     assert "a_s1" not in _step_text(program)
 
@@ -122,7 +122,7 @@ def test_step_gemm_runs_on_tensor_cores(dtype):
     fragments split over the 8 warps; no FFMA tile. fp32 stays on FFMA. A computed operand
     (ResetBeforeGRU's r * h) goes on tensor cores too, staged rounded to the weights' dtype."""
     program = _program(dtype=dtype)
-    kernel = _Kernel.plan(program, H100, CudaPersistent().defaults(program, H100))
+    kernel = PersistentKernel.plan(program, H100, CudaPersistent().defaults(program, H100))
     (g,) = kernel.gemms
     assert (g.tensor_cores, g.tiles, g.split, g.chunks, g.stride % 8) == (True, 1, 8, 4, 0)
     text = _step_text(program)
@@ -194,10 +194,10 @@ def test_tensor_cores_pruned_where_they_cannot_run():
     # B=64, H=1024 fp16: 32 columns x 1024 weights and the 64 x 1024 operand fit (214 KB); at B=256
     # the operand does not: its fragments are loaded from global memory
     wide = _program(batch=64, hidden=1024, dtype="float16")
-    assert recipe.defaults(wide, H100)["tensor_cores"] and _Kernel.plan(wide, H100, recipe.defaults(wide, H100)).staged
+    assert recipe.defaults(wide, H100)["tensor_cores"] and PersistentKernel.plan(wide, H100, recipe.defaults(wide, H100)).staged
     wider = _program(batch=256, hidden=1024, dtype="float16")
     assert recipe.defaults(wider, H100)["tensor_cores"]
-    assert not _Kernel.plan(wider, H100, recipe.defaults(wider, H100)).staged
+    assert not PersistentKernel.plan(wider, H100, recipe.defaults(wider, H100)).staged
     # ... which a computed operand (ResetBeforeGRU's r * h, rounded to fp16) cannot be
     gru = _program(halstm.ResetBeforeGRU, batch=256, hidden=1024, dtype="float16")
     assert not recipe.valid(gru, H100, {**recipe.defaults(gru, H100), "tensor_cores": True})
@@ -222,7 +222,7 @@ def test_defaults_split_the_batch_over_row_blocks(batch, hidden, units, row_bloc
     recipe, program = CudaPersistent(), _program(batch=batch, hidden=hidden, dtype="float16")
     k = recipe.defaults(program, H100)
     assert (k["units"], k["row_blocks"]) == (units, row_blocks)
-    kernel = _Kernel.plan(program, H100, k)
+    kernel = PersistentKernel.plan(program, H100, k)
     assert kernel.staged == staged and k["tensor_cores"] and recipe.runs(program, H100, k)  # else streamed
     assert [g.frags for g in kernel.gemms] == [frags]
 
@@ -245,7 +245,7 @@ def test_shared_buffers_start_32_byte_aligned():
     for cell in CELLS:
         program = _program(cell, batch=3, hidden=50, dtype="float16")
         knobs = {**CudaPersistent().defaults(program, H100), "tensor_cores": True}
-        for name, size, dtype, scope in _Kernel.plan(program, H100, knobs).buffers():
+        for name, size, dtype, scope in PersistentKernel.plan(program, H100, knobs).buffers():
             assert scope != "shared.dyn" or size * BYTES[dtype] % 32 == 0, name
 
 
@@ -258,7 +258,7 @@ def test_grid_never_exceeds_the_sms(batch, hidden, sms):
     program = _program(batch=batch, hidden=hidden, steps=1)
     recipe = CudaPersistent()
     if not recipe.is_applicable(program, target):  # only when the weights do not fit on chip
-        assert _Kernel.plan(program, target, recipe.defaults(program, target)) is None
+        assert PersistentKernel.plan(program, target, recipe.defaults(program, target)) is None
         return
     settings = [recipe.defaults(program, target)] + recipe.space(program, target)
     for knobs in settings:
@@ -285,7 +285,7 @@ def test_valid_prunes_what_cannot_run():
 def test_defaults_split_k_over_the_threads():
     """B=16, H=512, 256 threads: 16 tiles of 4 x 4 outputs, 16 split-K parts of 8 chunks of 4 k."""
     program = _program()
-    kernel = _Kernel.plan(program, H100, CudaPersistent().defaults(program, H100))
+    kernel = PersistentKernel.plan(program, H100, CudaPersistent().defaults(program, H100))
     (g,) = kernel.gemms
     assert (g.C, g.tm, g.tn, g.tiles, g.split, g.chunks) == (16, 4, 4, 16, 16, 8)
     assert g.tiles * g.split == kernel.threads and kernel.grid == 128
@@ -295,7 +295,7 @@ def test_math_adds_the_split_k_partials():
     """B=16, H=512 (16 split-K parts): no pass of all threads sums the partial tiles into a buffer;
     the elementwise math reads each gate's 16 partials and adds them."""
     program = _program()
-    kernel = _Kernel.plan(program, H100, CudaPersistent().defaults(program, H100))
+    kernel = PersistentKernel.plan(program, H100, CudaPersistent().defaults(program, H100))
     (g,) = kernel.gemms
     assert g.split == 16 and not any(name.startswith("g_s") for name, *_ in kernel.buffers())
     h_next = next(line for line in _step_text(program).splitlines() if "h_next[" in line and " = " in line)
@@ -312,7 +312,7 @@ def test_defaults_put_waiters_before_the_polled_staging_above_32_kib(cell, batch
     POLL_WAITERS_ABOVE_BYTES a step; without, a barrier still precedes it (after the prefetch)."""
     program = _program(cell, batch=batch, hidden=hidden, dtype="float16")
     knobs = CudaPersistent().defaults(program, H100)
-    kernel = _Kernel.plan(program, H100, knobs)
+    kernel = PersistentKernel.plan(program, H100, knobs)
     assert kernel.polled and knobs["poll_waiters"] == waiters == (kernel.polled_bytes > 32 * 1024)
     step = _step_text(program)
     step = step[step.index('T.sblock("step")'):]
@@ -469,7 +469,7 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
     returns the output sequence (T, B, H) and the final states, as the compiled function does."""
     rng = np.random.default_rng(seed)
     program = halstm.lower(cell, steps=steps, batch=batch, dtype=dtype)
-    kernel = _Kernel.plan(program, target, CudaPersistent().resolve(program, target, knobs))
+    kernel = PersistentKernel.plan(program, target, CudaPersistent().resolve(program, target, knobs))
     kernel.staged = staged and kernel.staged
     x, params, states = (upcast(d) if isinstance(d, dict) else np.float64(d)
                          for d in random_inputs(cell, steps, batch, rng))
@@ -485,7 +485,7 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
     for s in cell.states:
         env[f"{s}0"] = Buffer(f"{s}0", states[s], memory)
         env[f"{s}_seq"] = Buffer(f"{s}_seq", seqs[s], memory)
-    for kind, name, *_ in (b for b in kernel.blocks if not isinstance(b, _Gemm)):
+    for kind, name, *_ in (b for b in kernel.blocks if not isinstance(b, BlockGemm)):
         if f"{name}" not in {f"{s}_next" for s in cell.states}:
             env[name] = Buffer(name, np.zeros((B, H)), memory)
     blocks = [{n: Buffer(n, np.full(size, np.nan), memory, shared=True) for n, size, _, scope in kernel.buffers()
@@ -569,7 +569,7 @@ def test_emulated_tensor_core_text_matches_reference_without_races(cell, shape, 
     knobs = {"threads": threads, "units": units, "tile_rows": 1, "tile_cols": 1, "max_split": 32, "tensor_cores": True,
              "resident_weights": resident}
     program = _program(cell, batch=B, hidden=H, inputs=I)
-    kernel = _Kernel.plan(program, H100, CudaPersistent().resolve(program, H100, knobs))
+    kernel = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, knobs))
     gemms = kernel.gemms
     assert [g.resident for g in gemms] == [resident and g.rounds == 1 for g in gemms]
     _check_emulation(cell, B, I, H, knobs)
@@ -591,7 +591,7 @@ def test_emulated_tensor_core_row_blocks_and_fragments_match_reference_without_r
     B, I, H, knobs = shape
     knobs = {**knobs, "max_split": 32, "tensor_cores": True, "stage_operand": staged}
     program = _program(cell, batch=B, hidden=H, inputs=I)
-    kernel = _Kernel.plan(program, H100, CudaPersistent().resolve(program, H100, knobs))
+    kernel = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, knobs))
     assert kernel.staged == staged and kernel.grid == H // knobs["units"] * knobs["row_blocks"]
     _check_emulation(cell, B, I, H, knobs, staged=staged)
 
@@ -605,7 +605,7 @@ def test_emulated_gemms_sharing_one_staged_operand_match_reference():
     knobs = {"threads": 64, "units": 12, "tile_rows": 1, "tile_cols": 1, "max_split": 32, "tensor_cores": True}
     program = _program(halstm.ResetBeforeGRU, batch=B, hidden=H, dtype="float16", inputs=I, steps=3)
     small = dataclasses.replace(H100, shared_memory=13 * 1024)
-    kernel = _Kernel.plan(program, small, CudaPersistent().resolve(program, small, knobs))
+    kernel = PersistentKernel.plan(program, small, CudaPersistent().resolve(program, small, knobs))
     assert kernel is not None and kernel.staged, "two operands do not fit in 13 KiB"
     assert sorted({g.stride for g in kernel.gemms}) == [56, 72]
     _check_emulation(halstm.ResetBeforeGRU, B, I, H, knobs, dtype="float16", target=small)
@@ -615,7 +615,7 @@ def test_emulated_gemms_sharing_one_staged_operand_match_reference():
 def test_emulated_waiters_match_reference_without_races(cell):
     B, I, H, knobs = EMULATED[0]
     program = _program(cell, batch=B, hidden=H, inputs=I)
-    assert _Kernel.plan(program, H100, CudaPersistent().resolve(program, H100, {**knobs, "poll_waiters": True})).polled
+    assert PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {**knobs, "poll_waiters": True})).polled
     _check_emulation(cell, B, I, H, {**knobs, "poll_waiters": True})
 
 
@@ -623,7 +623,7 @@ def test_emulator_finds_a_race():
     """Without the sync between the partial tiles and the math that adds them, the emulation reports
     a race."""
     B, I, H, knobs = EMULATED[0]
-    step = _Kernel.step
+    step = PersistentKernel.step
 
     def racy(self):
         lines = step(self)
@@ -632,29 +632,29 @@ def test_emulator_finds_a_race():
         return lines[:sync] + lines[sync + 1:]
 
     try:
-        _Kernel.step = racy
+        PersistentKernel.step = racy
         with pytest.raises(Race):
             _emulate(halstm.LSTM(I, H), 2, B, {"tensor_cores": False, **knobs})
     finally:
-        _Kernel.step = step
+        PersistentKernel.step = step
 
 
 def test_emulator_finds_a_step_that_does_not_wait_for_the_states():
     """Polled states without the polling (plain staging, no grid sync): the emulation reports that
     a block reads h that other blocks write."""
     B, I, H, knobs = EMULATED[0]
-    poll = _Kernel.poll_operand
+    poll = PersistentKernel.poll_operand
 
     def plain(self, g, v):
         lines = poll(self, g, v)
         return [line.replace("t > 0", "False") for line in lines]
 
     try:
-        _Kernel.poll_operand = plain
+        PersistentKernel.poll_operand = plain
         with pytest.raises(Race, match="h_seq"):
             _emulate(halstm.LSTM(I, H), 2, B, {"tensor_cores": False, **knobs})
     finally:
-        _Kernel.poll_operand = poll
+        PersistentKernel.poll_operand = poll
 
 
 # --- on a GPU ------------------------------------------------------------------------------------
