@@ -34,12 +34,12 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     from ``halstm.schedules``, ``knobs`` overrides its defaults. Given neither, the best record of
     the tuning database (``database``: a path or ``halstm.database.Database``; False to skip it)
     decides, for this problem or else for the same cell, batch, dtype and target at the nearest
-    sequence length; without one, the first recipe that applies with its default knobs. ``allow_tf32`` lets float32
-    GEMMs run on tensor cores as TF32 (operands rounded to 10 mantissa bits, as cuDNN and cuBLAS do
-    by default; relative error ~1e-3 instead of ~1e-6) where the GPU has them (sm_80+). Without it,
-    float32 stays float32-accurate: on Hopper the step loop may run its GEMMs as three TF32 products
-    each (``schedules.cuda.split_tf32``, within float32's tolerance; ``knobs={"tensor_cores": False}``
-    keeps them on FFMA cores).
+    sequence length; without one, the first recipe that applies with its default knobs.
+    ``allow_tf32`` lets float32 GEMMs run on tensor cores as TF32 (operands rounded to 10 mantissa
+    bits, as cuDNN and cuBLAS do by default; relative error ~1e-3 instead of ~1e-6) where the GPU
+    has them (sm_80+). Without it, float32 stays float32-accurate: on Hopper the step loop may run
+    its GEMMs as three TF32 products each (``schedules.cuda.split_tf32``, within float32's
+    tolerance; ``knobs={"tensor_cores": False}`` keeps them on FFMA cores).
     """
     check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)

@@ -108,8 +108,8 @@ class Database:
         """The best record of ``key`` but for its sequence length: at the recorded length nearest
         ``key``'s by ratio (the larger where two are as near). What the knobs choose, the kernels
         of a step and their tiles, does not depend on the number of steps."""
-        others = [r for r in self.records() if r.key["steps"] != key["steps"]
-                  and {**r.key, "steps": key["steps"]} == key and (recipes is None or r.recipe in recipes)]
+        others = [r for r in self.records() if {**r.key, "steps": key["steps"]} == key
+                  and r.key.get("steps") != key["steps"] and (recipes is None or r.recipe in recipes)]
         if not others:
             return None
         steps = min({r.key["steps"] for r in others}, key=lambda s: (abs(math.log(s / key["steps"])), -s))

@@ -64,6 +64,7 @@ def test_compile_takes_the_record_of_the_nearest_sequence_length(tmp_path):
     record(64, 3, at64, 5.0)
     record(64, 3, {"rows": 6, "vectors": 1, "panel": 64}, 9.0)
     record(10, 2, {"rows": 4, "vectors": 3, "panel": 256}, 0.5)  # another batch: never borrowed
+    db.append(Record({"cell": "GRU", "input_size": 12}, "cpu-step-loop", at64, 0.1))  # a key without steps
     assert db.nearest_steps(tuning_key(cell, 16, 3, "float32", target)).knobs == at64, "4x from both: the larger"
     f = halstm.compile(cell, 8, 3, database=db)
     assert (f.knobs, f.record.key["steps"]) == (at4, 4)
