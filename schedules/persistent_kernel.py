@@ -665,27 +665,27 @@ def _step_blocks(program):
     None) or ("elementwise", buffer, ivs, value, None, None). None when the step has math a block
     cannot do on its own units: a cell's own reduction, a GEMM whose columns are not whole gates, a
     block not over (B, H), no step GEMM."""
-    return per_program("blocks", program, None, lambda: _analyse_step(program))
+    return per_program("analysis", program, None, lambda: _analyse(program))[0]
 
 
 def _packings(program) -> dict[int, tuple[list[str], str]]:
     """By GEMM index, the step GEMMs' packed weights at (k, n) as the lowering's prologue computes
     them: (the iteration variables for k and n, the printed value), read in place of the packed copy."""
-
-    def analyse():
-        sch, out = Schedule(program.mod), {}
-        for i, gemm in enumerate(program.plan.gemms):
-            if gemm.stage > 0:
-                block = sch.get(sch.get_sblock(f"w_packed{i}"))
-                out[i] = [iv.var.name for iv in block.iter_vars], str(block.body.value)
-        return out
-
-    return per_program("packings", program, None, analyse)
+    return per_program("analysis", program, None, lambda: _analyse(program))[1]
 
 
-def _analyse_step(program):
+def _analyse(program):
+    """(``_step_blocks``, ``_packings``) from one parse of the program."""
+    sch, packings = Schedule(program.mod), {}
+    for i, gemm in enumerate(program.plan.gemms):
+        if gemm.stage > 0:
+            block = sch.get(sch.get_sblock(f"w_packed{i}"))
+            packings[i] = [iv.var.name for iv in block.iter_vars], str(block.body.value)
+    return _analyse_step(program, sch), packings
+
+
+def _analyse_step(program, sch: Schedule):
     H, B = program.cell.hidden_size, program.batch
-    sch = Schedule(program.mod)
     inline_elementwise(sch, sch.get_sblock("step"))
     names = {g.name: g for g in program.plan.gemms}
     seq = {f"{s}_t": f"{s}_seq" for s in program.cell.states}
