@@ -7,7 +7,7 @@ nearest the fastest measured so far; at the end the fastest few and each recipe'
 again side by side in one process (``runoff``), and ``Database.best`` picks from that. With
 ``builders`` > 1 a round's candidates (as many as builders) are first compiled and exported by that
 many worker processes at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on
-the H100 host, 14 at once, docs/gpu-results.md "ninth run"), then loaded, checked and timed one at
+an H100 host, 14 at once), then loaded, checked and timed one at
 a time, nothing else running. Every result, failures included, is appended to the database at
 once: an interrupted run resumes where it stopped, and ``halstm.compile`` picks up the best record
 by itself.
@@ -18,7 +18,7 @@ lowering (the packed weight layout), which its search space cannot express. So h
 its own recipes' knobs, small grids that the recipes prune, and measures whole sequences. Where one
 operator would fit, the hoisted input GEMM, meta_schedule's tensor-core search (64 trials in a 214 s
 call, H100, fp16 25600 x 4096 x 1024) found 1056 us against the recipe's WMMA schedule at 678-708 us
-(docs/gpu-results.md "sixteenth run") and its wgmma kernel at 387 us ("eighteenth run"): its
+and its wgmma kernel at 387 us: its
 tensor-core rules know WMMA's intrinsics, not Hopper's wgmma.
 """
 
@@ -28,6 +28,7 @@ import hashlib
 import os
 import random
 import select
+import shutil
 import struct
 import subprocess
 import sys
@@ -46,11 +47,21 @@ TF32_TOLERANCE = 1e-2  # float32 with allow_tf32: 10 mantissa bits as fp16 has
 NEAR = 1.25  # recipes whose best is within this factor of the fastest are searched first (next_round)
 # The fastest candidates timed again at the end, side by side with the recipes' defaults, FINAL_REPEAT
 # times the calls of their first timing each (``finalists``). Why: H100, fp16, T=100, 20 candidates a
-# shape (thirteenth run), timed one after another, five calls each, the GRU pick was 0-2 % slower than
-# the default when the two were then timed side by side, on 5 shapes of 5; with this, 0-5 % faster on
-# 3 of 3 (fourteenth run). The two values are a choice, not compared with others.
+# shape timed one after another, five calls each, the GRU pick was 0-2 % slower than the default when
+# the two were then timed side by side, on 5 shapes of 5; with this, 0-5 % faster on 3 of 3. The two
+# values are a choice, not compared with others.
 FINALISTS = 4
 FINAL_REPEAT = 4
+# A message on a worker's pipes: a tag, then the length of the cloudpickle that follows. An answer is
+# a few numbers or one error line: a longer one, or one without the tag, is not an answer.
+_HEADER = struct.Struct("<4sQ")
+_TAG = b"HLSM"
+_ANSWER_LIMIT = 1 << 20
+# The worker's first lines, before it imports anything: '' (its working folder under -c) leaves the
+# import path, and its answers go on a copy of fd 1, fd 1 itself then writing to stderr, so that
+# nothing printed (by Python, or a C library writing to fd 1) can corrupt them.
+_BOOT = ("import os, sys; sys.path[:] = [p for p in sys.path if p]; answers = os.dup(1); os.dup2(2, 1); "
+         "from halstm.tuner import _serve; _serve(answers)")
 
 
 @dataclass
@@ -112,21 +123,22 @@ def runoff(jobs: list[Job]) -> tuple[list[float], None]:
 
 
 class _Worker:
-    """A ``python -m halstm.tuner`` process that measures candidates sent on its stdin; restarted
-    when one hangs or kills it. Jobs travel with cloudpickle, so cells defined in a script's
-    ``__main__`` or a notebook travel by value."""
+    """A Python process (``_BOOT``, then ``_serve``) that measures candidates sent on its stdin;
+    restarted when one hangs or kills it. Jobs travel with cloudpickle, so cells defined in a
+    script's ``__main__`` or a notebook travel by value."""
 
     def __init__(self):
         self._start()
 
     def _start(self):
-        # the parent's import path, as multiprocessing's spawn passes it: classes pickled by
-        # reference (a cell or recipe in a test module, say) import there too. It starts in a neutral
-        # folder: from a checkout's root, `-m` would import the bare halstm/ source folder, which
-        # lacks halstm.schedules and halstm.targets (they live in schedules/ and targets/).
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.process = subprocess.Popen([sys.executable, "-m", "halstm.tuner"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, env=env, cwd=tempfile.gettempdir())
+        # the parent's import path (its absolute entries), as multiprocessing's spawn passes it:
+        # halstm and classes pickled by reference (a cell or recipe in a test module, say) import as
+        # they did there. It runs in a folder of its own: a shared one such as /tmp, first on the
+        # path under `-m`, lets anyone plant a module (cloudpickle.py) that the worker would run.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if os.path.isabs(p))}
+        self.folder = tempfile.mkdtemp(prefix="halstm-worker-")
+        self.process = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, env=env, cwd=self.folder)
 
     def run(self, job, timeout: float, phase: str = "measure"):
         """Run ``phase`` of ``job``: its answer, or why it failed."""
@@ -143,14 +155,16 @@ class _Worker:
             pass  # a dead worker: answer() reports it
 
     def answer(self, timeout: float):
-        """The answer to the job sent, or a failure if it hangs past ``timeout`` or kills the worker
-        (which is then restarted)."""
+        """The answer to the job sent, or a failure if it hangs past ``timeout``, kills the worker or
+        answers something else (the worker is then restarted)."""
         try:
             left = max(0.0, self.started + timeout - time.monotonic())
             ready, _, _ = select.select([self.process.stdout], [], [], left)
             if ready:
-                return _receive(self.process.stdout)
+                return _receive(self.process.stdout, _ANSWER_LIMIT)
             reason = f"timed out after {timeout:.0f} s"
+        except ValueError as e:
+            reason = f"the worker's answer was malformed ({e})"
         except (EOFError, OSError):  # its pipe closed: wait for the exit code (poll() raced the exit)
             try:
                 code = self.process.wait(timeout=5)
@@ -164,6 +178,7 @@ class _Worker:
     def close(self):
         self.process.kill()
         self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self):
         return self
@@ -174,21 +189,32 @@ class _Worker:
 
 def _send(stream, value) -> None:
     data = cloudpickle.dumps(value)
-    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.write(_HEADER.pack(_TAG, len(data)) + data)
     stream.flush()
 
 
-def _receive(stream):
-    head = stream.read(8)
-    if len(head) < 8:
+def _receive(stream, limit: int | None = None):
+    """The next value on ``stream``: EOFError where it ends first, ValueError where what comes is
+    not a message of at most ``limit`` bytes."""
+    head = stream.read(_HEADER.size)
+    if len(head) < _HEADER.size:
         raise EOFError
-    return cloudpickle.loads(stream.read(struct.unpack("<Q", head)[0]))
+    tag, size = _HEADER.unpack(head)
+    if tag != _TAG:
+        raise ValueError(f"expected a header starting {_TAG!r}, got {head!r}")
+    if limit is not None and size > limit:
+        raise ValueError(f"{size} bytes announced, more than {limit}")
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError
+    return cloudpickle.loads(data)
 
 
-def _serve() -> None:
-    """The worker's loop: build or measure each job, answer (ms, None) or (None, why)."""
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # whatever a compile prints must not corrupt the answers
+def _serve(answers: int) -> None:
+    """The worker's loop: build or measure each job read from stdin, answer (ms, None) or
+    (None, why) on the file descriptor ``answers``."""
+    stdin, stdout = sys.stdin.buffer, os.fdopen(answers, "wb")
+    sys.stdout = sys.stderr  # Python's prints unbuffered, in order with the rest (fd 1 is stderr's)
     while True:
         try:
             phase, job = _receive(stdin)
@@ -214,13 +240,19 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     few are timed again side by side (``_final``). ``timeout`` (seconds) ends a candidate that hangs
     (its compile, or its check and timing). ``builders`` processes compile the candidates before they
     are measured (default: the CPU's cores less one; 1 compiles each in
-    the measuring process). ``allow_tf32`` as for ``halstm.compile`` (its own records).
+    the measuring process). ``allow_tf32`` as for ``halstm.compile`` (its own records). A problem
+    or setting that cannot be tuned is refused with ValueError, and a database that cannot be
+    written with OSError, before anything is measured.
     """
     from halstm import schedules, targets
 
+    from .compiler import check_problem
     from .lowering import lower
     from .oracle import reference
 
+    check_problem(cell, steps, batch, dtype)
+    _check_search(trials, repeat, timeout, builders)
+    steps, batch = int(steps), int(batch)  # NumPy integers too: the key is written as JSON
     log = log or _print
     target = targets.resolve(target)
     db = database if isinstance(database, Database) else Database(database)
@@ -234,6 +266,7 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     if len(results) >= total and (not records or records[-1].final):  # searched, and the finalists timed
         log(f"{len(results)} candidates already measured in {db.path}")
         return db.best(key)
+    _check_writable(db.path)
 
     rng = np.random.default_rng(seed)
     x, params, states = _inputs(cell, steps, batch, dtype, rng)
@@ -257,6 +290,26 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
                     + (f" | best {best.ms:.3f} ms ({best.recipe} {best.knobs})" if best else ""))
         _final(db, key, searched, job, folder, worker, timeout, log)
     return db.best(key)
+
+
+def _check_search(trials, repeat, timeout, builders) -> None:
+    """Reject search settings that mean nothing or would record every candidate as failed."""
+    for name, value, optional in (("trials", trials, True), ("repeat", repeat, False), ("builders", builders, True)):
+        if not (optional and value is None) and (not isinstance(value, (int, np.integer)) or value < 1):
+            raise ValueError(f"{name} must be a positive integer{' or None' * optional}, got {value!r}")
+    if not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+
+
+def _check_writable(path) -> None:
+    """Refuse a tuning database that cannot be appended to (a folder in its place, a read-only file,
+    a parent that is a file), before a candidate's record would fail to be written."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise OSError(f"cannot write the tuning database {path}: {e.strerror or e}") from e
 
 
 def _module(folder: str, job: Job) -> str:
@@ -327,8 +380,8 @@ def next_round(spaces, results: dict[str, float | None], size: int) -> list[tupl
     every recipe's default first; then up to ``size`` settings nearest (fewest knobs changed) the
     fastest measured setting of their recipe, the recipes within NEAR of the fastest overall first,
     ties in the shuffle's order. The defaults are measured heuristics and the spaces run to
-    thousands of settings: a random dozen found nothing faster than the default (run 35), and half
-    of them went to the recipe that lost by 2-5x at its default (run 43)."""
+    thousands of settings: a random dozen found nothing faster than the default, and half of them
+    went to the recipe that lost by 2-5x at its default."""
     defaults = [(r, settings[0]) for r, settings in spaces if candidate_id(r.name, settings[0]) not in results]
     if defaults:
         return defaults
@@ -387,7 +440,3 @@ def _inputs(cell, steps, batch, dtype, rng):
 
 def _print(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-if __name__ == "__main__":
-    _serve()
