@@ -12,11 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from . import cells
-from .compiler import compile as compile_cell
-from .oracle import reference
+# NumPy, the compiler and matplotlib are imported where they are used: the command line reads this
+# module's defaults for `halstm bench --help`, which must not wait for them.
 
 DEFAULT_CELLS = ("LSTM", "GRU", "PeepholeLSTM", "ResetBeforeGRU")
 DEFAULT_SHAPES = ((100, 1, 256), (100, 16, 512), (100, 64, 512))  # (T, B, I=H)
@@ -57,6 +54,8 @@ def alternating_median_ms(fns: dict, sync, warmup: int, repeat: int) -> dict[str
 
 def numpy_loop(name: str, x, p):
     """The textbook float32 NumPy loop of LSTM/GRU: the baseline a researcher writes first."""
+    import numpy as np
+
     h = np.zeros((x.shape[1], p["weight_hh"].shape[1]), x.dtype)
     c = np.zeros_like(h)
     sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
@@ -96,6 +95,12 @@ def torch_timer(name: str, size: int, p, x, device: str, repeat: int):
 
 
 def run(cell_names=DEFAULT_CELLS, shapes=DEFAULT_SHAPES, target="cpu", repeat=5, seed=None, log=print):
+    import numpy as np
+
+    from . import cells
+    from .compiler import compile as compile_cell
+    from .oracle import reference
+
     rows = []
     rng = np.random.default_rng(seed)
     for name in cell_names:
@@ -159,6 +164,7 @@ def report(rows: list[Row]) -> str:
 
 def plot(rows: list[Row], path: Path) -> None:
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -182,8 +188,7 @@ def plot(rows: list[Row], path: Path) -> None:
 
 def save_png(fig, path, dpi: int) -> None:
     """``fig`` as a 64-colour palette PNG: a bar chart needs no more, and the file is a third of
-    matplotlib's RGBA one (docs/gpu-results.png 43.4 -> 12.6 KB). The repository travels whole to the
-    GPU machine, within 64 MiB beside the 65 MB TVM kit."""
+    matplotlib's RGBA one (docs/gpu-results.png 43.4 -> 12.6 KB), which keeps the repository small."""
     from PIL import Image  # matplotlib's own dependency
 
     rgba = io.BytesIO()
