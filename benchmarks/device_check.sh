@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# One device call that checks the CUDA code and times it (the GPU machine has ~30 minutes a session:
-# a few calls of at most 10 minutes). From the repository root on the GPU machine:
+# Checks the CUDA code on a GPU and times it, in stages that each fit a few minutes. From the repository
+# root on the GPU machine, with TVM 0.27 and PyTorch importable:
 #
-#   source .device/setup.sh && source benchmarks/gpu_setup.sh && bash benchmarks/device_check.sh [stage...]
+#   source benchmarks/gpu_setup.sh && bash benchmarks/device_check.sh [stage...]
 #
 # Stages (default: all, in this order), each writing into $OUT:
-#   tests   every GPU test (pytest -m gpu, 12 workers)                      pytest.log       ~2 min
+#   tests   every GPU test (pytest -m gpu, 12 workers)                      pytest.log       ~3 min (H100)
 #   sweep   the wgmma tiles (and WMMA) of the fp16 step loop; TF32 and exact
 #           fp32 against WMMA and FFMA; cuDNN                                sweep-*.md/json  (not timed whole)
-#   table   benchmarks/gpu.py on issue 3's shapes, fp16, TF32, fp32           results.*        ~3 min (run 15)
+#   table   benchmarks/gpu.py on its shapes, fp16, TF32, fp32                 results.*        ~3 min (H100)
 # Run from /tmp: the bare halstm/ folder of the checkout would shadow the installed package.
 set -u
 out=${OUT:-$PWD/out}

@@ -1,6 +1,6 @@
 // The CPU's float32 FMA peak: 12 independent AVX2 FMA chains per thread, nothing from memory.
 // Build and run:  gcc -O2 -mavx2 -mfma -fopenmp benchmarks/fma_peak.c -o /tmp/fma_peak && /tmp/fma_peak
-// (OMP_NUM_THREADS=1 for one core). docs/cpu-results.md quotes what it printed.
+// (OMP_NUM_THREADS=1 for one core). docs/results.md#against-the-fma-peak quotes what it printed.
 #include <immintrin.h>
 #include <stdio.h>
 #include <omp.h>

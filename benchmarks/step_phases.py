@@ -42,8 +42,8 @@ TANH_APPROX = """__device__ __forceinline__ float halstm_tanh_approx(float x) {
 }
 """
 # What-if rewrites of the generated source (--variants), each built, checked and timed as the others.
-# Run 99 (H100, LSTM fp16): tanh-approx no faster (0.236 / 0.236 ms at (100,16,512)); no-wait 4 %
-# faster, which led to the default without waiters (``poll_waiters``).
+# H100, LSTM fp16 (100,16,512): tanh-approx no faster (0.236 / 0.236 ms); polling without waiters is
+# faster where a block stages at most 32 KiB, the default there (``poll_waiters``; docs/results.md).
 VARIANTS = {
     # tanh by the SFU's approximation (max relative error 2^-11) instead of libdevice's tanhf
     "tanh-approx": lambda s: s.replace('extern "C" __global__', TANH_APPROX + 'extern "C" __global__', 1)

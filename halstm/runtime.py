@@ -177,7 +177,7 @@ class TorchFrame:
     around them. They must be on the target's device. Results are allocated by torch (its caching
     allocator): TVM's own allocation is a cudaMalloc and cudaFree a call, which cost 0.1-0.3 ms a
     call on an H100 (T=100, B=16, H=512: 0.87 ms a call, 0.59 ms with the arguments bound once;
-    docs/gpu-results.md). A call cost 88-92 us beyond its kernels there (benchmarks/call_overhead.py,
+    docs/results.md#call-overhead). A call cost 88-92 us beyond its kernels there (benchmarks/call_overhead.py,
     LSTM fp16 B=16 H=512 and B=64 H=1024) when each tensor was wrapped in Python: cProfile's top
     entries were torch.cuda.current_stream (three a call: tvm_ffi.use_torch_stream, torch.from_dlpack
     of each result), torch.from_dlpack and tvm.runtime.from_dlpack."""

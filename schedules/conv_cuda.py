@@ -9,7 +9,7 @@
            the warp (TVM's cross-thread reduction)
     others (softmaxes over the K taps, per-head sums, copies): one thread an output
 
-Run on an H100 (``docs/conv-results.md``); ``tests/test_conv.py`` compiles it for sm_90 and checks the
+Run on an H100 (``docs/results.md#convolution``); ``tests/test_conv.py`` compiles it for sm_90 and checks the
 results where a GPU is present (``-m gpu``). The GEMM stages each operand as (row, depth) tiles read along the depth, as
 the step loop's operands are stored; the transposed operands of the backward GEMMs (dz^T, x and W
 read along their rows) are staged with strided reads.

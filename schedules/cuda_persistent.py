@@ -34,18 +34,18 @@ initial states into the sequences. Then per step and stage:
                           the step (knob "poll_states"), none: the next step's staging waits for
                           the state values themselves (``PersistentKernel.polled``)
 
-Measured (H100, T=100, docs/gpu-results.md): the first kernel, one output a thread walking all of K
+Measured (H100, T=100, docs/results.md#where-the-time-goes): the first kernel, one output a thread walking all of K
 with a global load of h per multiply-add, took 17-24 us a step at B=16, H=512 (cuDNN fp32 20.5, fp16
-2.8); the register tile 6.1 us (fp32, fourth run); fp16 on tensor cores 3.5 us, and at B=64, H=1024
-7.6 us a step for the kernel itself (ncu, sixth run). What is left at B=16 is a chain of latencies:
+2.8); the register tile 6.1 us (fp32); fp16 on tensor cores 3.5 us, and at B=64, H=1024
+7.6 us a step for the kernel itself (ncu). What is left at B=16 is a chain of latencies:
 the grid sync, the operand's L2 round trip, the __syncthreads, the elementwise math's global loads.
 Prefetching the states that math reads at the block's units (LSTM's c) with the input projection
-measured no faster (eleventh run, run 26): that load is not on the critical path. At B=256, H=1024
-fp16 (twelfth run) the weights take 132 of the 227 KB and the operand streams from global memory:
+measured no faster: that load is not on the critical path. At B=256, H=1024
+fp16 the weights take 132 of the 227 KB and the operand streams from global memory:
 2.78-2.89 ms at T=100 against cuDNN's 1.75-2.26, its 8 warps a SM mostly waiting on global loads (ncu:
 64 % of the stalls on L1TEX); a deeper ring of fragments in flight was no faster. The grid as one thread
 block cluster of at most 16 blocks, h pushed into every block's shared memory and a cluster barrier a
-step (280b8a4, reverted), was 1.1-1.7x slower (H200, twenty-first run): at B=16, H=512 its step GEMM on
+step (commit 280b8a4), was 1.1-1.7x slower (H200): at B=16, H=512 its step GEMM on
 16 SMs alone took as long as this kernel's whole exchange of h through L2.
 
 Shared stores are never inside a condition (the shared-memory sync planner cannot handle that): loops
@@ -59,9 +59,10 @@ block's units. The prologue, the hoisted input GEMM (and its weights' packing) a
 GEMM's tensor-core fragments (knob tc_hoisted_frags); in exact float32 on Hopper that GEMM runs as
 three TF32 products on wgmma (``CudaPersistent.layout``). The step's weight packing and the copies of
 the initial states, kernels of their own before (three at LSTM: W_hh's packing, h's and c's copies), took
-5-14 % of a prepared call at T=100, B <= 16 (H100, runs 115-116, prepared ms, before / now: LSTM fp16 (100,16,512) 0.236, 0.223 / 0.207, 0.208; (100,8,512)
-0.232, 0.229 / 0.199, 0.200; GRU fp16 (100,16,512) 0.208, 0.203 / 0.192, 0.192; LSTM fp32 (100,1,256)
-0.169 / 0.157, 0.156; at (1024,16,768) no change, 2.464, 2.514 / 2.475, 2.456).
+5-14 % of a prepared call at T=100, B <= 16 (H100, prepared ms, before / now: LSTM fp16 (100,16,512)
+0.236, 0.223 / 0.207, 0.208; (100,8,512) 0.232, 0.229 / 0.199, 0.200; GRU fp16 (100,16,512) 0.208,
+0.203 / 0.192, 0.192; LSTM fp32 (100,1,256) 0.169 / 0.157, 0.156; at (1024,16,768) no change, 2.464,
+2.514 / 2.475, 2.456).
 """
 
 from __future__ import annotations
@@ -79,25 +80,25 @@ from .recipe import Recipe, child_blocks, inline_elementwise
 from .wgmma import wgmma_available
 from .wmma import FRAG
 
-# Largest batch at which ``recipes_for`` puts this recipe first. H100, 2026-11-22 (docs/gpu-results.md):
+# Largest batch at which ``recipes_for`` puts this recipe first. H100, 2026-11-22 (docs/results.md):
 # faster than the step loop at B=1 (2.8-3.9x), B=16, H=512 (2.9-5.2x), (T, B, H) = (1024, 16, 768)
-# (2.9-5.8x) and B=64, H=1024 (1.1-2.3x), every cell, fp32 and fp16 (fourth run, FFMA); with the
+# (2.9-5.8x) and B=64, H=1024 (1.1-2.3x), every cell, fp32 and fp16 (FFMA); with the
 # step GEMMs of both recipes on tensor cores, fp16 at B=64, H=1024 2.2-5.3 ms against 2.7-7.1 and
-# (512, 64, 512) 3.7-9.0 against 7.9-19.8 (sixth run). Above it, and below it where its step GEMM
+# (512, 64, 512) 3.7-9.0 against 7.9-19.8. Above it, and below it where its step GEMM
 # would read the operand from global memory on FFMA cores against the step loop's tensor cores, see
 # ``CudaPersistent.preferred``. A size rule only; the tuner measures both.
 PREFERRED_MAX_BATCH = 64
 
 # Smallest batch whose step GEMM the defaults put on tensor cores (the batch padded to a fragment's 16
 # rows), below it the FFMA register tile. H100, fp16, T=100, prepared ms, FFMA / tensor cores with
-# resident weights (fourteenth run, docs/gpu-results.md): B=1 H=256 LSTM 0.217 / 0.245, GRU 0.187 /
+# resident weights (docs/results.md#design-choices-measured): B=1 H=256 LSTM 0.217 / 0.245, GRU 0.187 /
 # 0.203; H=512 LSTM B=2 0.206 / 0.225, B=4 0.226 / 0.213, B=8 0.288 / 0.253, GRU B=4 0.245 / 0.204,
 # B=8 0.298 / 0.221; PeepholeLSTM B=4 0.228 / 0.237 (the one exception), B=8 0.306 / 0.270.
 TENSOR_CORE_MIN_BATCH = 4
 MAX_TILE_REGISTERS = 64  # accumulators + operand registers a thread may hold (spills beyond)
 # Staged bytes a block polls a step above which the defaults put one waiter a producer first (knob
-# poll_waiters; ``PersistentKernel.poll_operand``). H100 fp16 T=100, prepared ms, without / with waiters (runs
-# 101-102): 16-32 KiB, LSTM (100,16,512) 0.222 / 0.231, (1024,16,768) 2.531 / 2.693, (512,64,512)
+# poll_waiters; ``PersistentKernel.poll_operand``). H100 fp16 T=100, prepared ms, without / with waiters:
+# 16-32 KiB, LSTM (100,16,512) 0.222 / 0.231, (1024,16,768) 2.531 / 2.693, (512,64,512)
 # 1.630 / 1.687 (GRU (100,16,512) 0.207 and LSTM (100,8,512) 0.229 against 0.224 and 0.223 for the
 # kernel before, with waiters and a separate split-K sum); 64 KiB, GRU (100,64,1024) 0.700 / 0.590,
 # LSTM there 0.814 / 0.812: a block's repeated polls of 64 KiB crowd L2.
@@ -169,18 +170,17 @@ class CudaPersistent(Recipe):
     def preferred(self, program, target) -> bool:
         """Whether ``recipes_for`` puts this recipe before the step loop: up to PREFERRED_MAX_BATCH
         rows, above it where it streams the step's operand on tensor cores and the step loop's
-        elementwise math does not fuse into its GEMM's kernel (fifteenth run, fp16 B=256 H=1024,
+        elementwise math does not fuse into its GEMM's kernel (H100, fp16 B=256 H=1024,
         this recipe / the step loop, ms: GRU, three gates in a tile, 2.294-2.300 / 2.497-2.576;
-        fused, LSTM 2.753-2.804 / 2.658-2.695 in three runs, PeepholeLSTM 2.778 / 2.699; twelfth
-        run, before the step loop's 8 warps: LSTM 2.78-2.89 / 2.99-3.18); not where its step GEMM
-        would read the operand from global memory on FFMA cores while the step loop's runs on
-        tensor cores, for a step of one stage. H100, T=100, fourteenth run, ms, this recipe / the
-        step loop: fp16 GRU (100,64,2048) 14.4 / 2.8 (the tensor-core tile did not fit beside the weights); TF32
+        fused, LSTM 2.753-2.804 / 2.658-2.695 in three runs, PeepholeLSTM 2.778 / 2.699); not where
+        its step GEMM would read the operand from global memory on FFMA cores while the step loop's
+        runs on tensor cores, for a step of one stage. H100, T=100, ms, this recipe / the step loop:
+        fp16 GRU (100,64,2048) 14.4 / 2.8 (the tensor-core tile did not fit beside the weights); TF32
         (not in this recipe) at (100,64,1024) LSTM 5.09 / 3.31, GRU 4.87 / 3.34, PeepholeLSTM 5.21 /
         3.33; with two stages, ResetBeforeGRU there, 4.08 / 5.63 (the step loop launches twice the
         kernels a step); strict fp32 there (FFMA in both) LSTM 6.27 / 6.65. Nor where the step loop's
-        step GEMM runs on wgmma (Hopper, run 83: GRU (100,256,1024) 2.078 ms against this recipe's
-        2.294-2.300 of the fifteenth run), exact float32 included, as three TF32 products (run 94, LSTM
+        step GEMM runs on wgmma (Hopper; H100: GRU (100,256,1024) 2.078 ms against this recipe's
+        2.294-2.300), exact float32 included, as three TF32 products (LSTM
         (100,64,1024) 6.243 / 4.911, GRU 5.717 / 4.099; ResetBeforeGRU 5.005 / 7.138)."""
         k, step_loop = self.defaults(program, target), _step_loop_defaults(program, target)
         if PersistentKernel.plan(program, target, k).staged:
@@ -197,7 +197,7 @@ class CudaPersistent(Recipe):
         """(K, N) rows, which the kernel's FFMA step reads (``load_weights``). For exact float32
         where the hoisted GEMMs run on TF32 wgmma (knob wgmma), those as three TF32 products each,
         their weights (N, K) (``PackedLayout.hoisted_only``): the step stays FFMA. H100, T=100,
-        prepared ms, this / FFMA (run 105): LSTM (100,16,512) 0.440 / 0.517, (512,64,512) 5.679 /
+        prepared ms, this / FFMA: LSTM (100,16,512) 0.440 / 0.517, (512,64,512) 5.679 /
         7.385, (1024,16,768) 7.209 / 9.093, GRU (100,16,512) 0.366 / 0.444; errors against float64
         5.6e-6 to 5.9e-6 / 5.5e-6 to 5.6e-6."""
         if split_tf32(_prologue_knobs(program, target, knobs), program, target, hoisted_only=True):
@@ -286,7 +286,7 @@ class CudaPersistent(Recipe):
 def _row_blocks(recipe, program, target, knobs) -> dict:
     """Units and row blocks on tensor cores: the largest grid, and in it the fewest unit groups (each
     block reads its B / row_blocks rows of the operand every step: fewer groups read less); a split
-    batch gives each block a multiple of 32 rows (two fragments). H100, fp16, T=100, twelfth run, ms,
+    batch gives each block a multiple of 32 rows (two fragments). H100, fp16, T=100, ms,
     these defaults / the fewest units in one row block: (B, H) = (64, 1024), 16 units x 2 row blocks,
     LSTM 0.929 / 1.012, GRU 0.862 / 0.972 (1 fragment a warp both), ResetBeforeGRU 1.033 / 1.390;
     (64, 512), 8 x 2, LSTM 2.189 / 2.506; (256, 1024), streamed, 16 x 2, LSTM 2.81-2.89 / 4.17-4.29."""

@@ -46,7 +46,7 @@ SENTINEL = {16: 0xFFFF, 32: 0xFFFFFFFF}
 
 def _warp_frags(row_tiles: int, frags: int, warps: int, most: int) -> int:
     """Column fragments a warp: of the divisors of the block's ``frags`` up to ``most``, the fewest whose
-    tiles share out evenly among the warps (no warp idle), else the most. H100, fp16 T=100, twelfth run:
+    tiles share out evenly among the warps (no warp idle), else the most. H100, fp16 T=100:
     GRU (100,64,1024), 16 units x 2 row blocks, 48 columns: 1 fragment (6 tiles for 8 warps) 0.862 ms, 3
     (2 tiles, 4 split-K parts) 0.713; LSTM there (64 columns: 8 tiles) 1 fragment 0.929; LSTM (100,256,1024)
     streamed (8 x 4 fragments) 4 fragments 2.78-2.89, 2 3.81-3.87."""
@@ -181,7 +181,7 @@ class BlockGemm:
     def result(self, q: str) -> str:
         """The GEMM's result at q = row * ldc + column, as the elementwise math reads it: its S
         partials added there. A pass of all threads adding them into a buffer first, and two more
-        block barriers a step, was 2-9 % slower (H100, T=100, prepared ms, runs 101-102: fp16 LSTM
+        block barriers a step, was 2-9 % slower (H100, T=100, prepared ms: fp16 LSTM
         (1024,16,768) 2.531 / 2.633, (512,64,512) 1.630 / 1.724, GRU (100,64,1024) 0.590 / 0.624
         with waiters, ResetBeforeGRU (100,16,512) 0.468 / 0.488; (100,16,512) 0.222 / 0.225)."""
         return "(" + " + ".join(f"part{self.index}[{s * self.partial_stride} + {q}]" for s in range(self.split)) + ")"
@@ -368,9 +368,9 @@ class PersistentKernel:
         waits for the first value that group's block writes of this block's rows
         (``halstm_wait_value``). Without waiters the barrier still waits for the step's input
         projection (``prefetch``, issued first), which spaces the first polls from the step's end
-        by a global load: polling at once was 1.4-1.6x slower (run 101: the loads crowd L2 while
-        the producers write, as session 12 saw), after the barrier 1-12 % faster than the waiters,
-        whose phase was a third of the step (runs 99-100, H100 fp16 T=100, prepared ms, LSTM
+        by a global load: polling at once is 1.4-1.6x slower (H100; the loads crowd L2 while the
+        producers write), after the barrier 1-12 % faster than the waiters, whose phase was a third
+        of the step (H100 fp16 T=100, prepared ms, LSTM
         (100,16,512) 0.234 / 0.265, (100,8,512) 0.228 / 0.240, (1024,16,768) 2.608 / 2.748, GRU
         (100,16,512) 0.226 / 0.230)."""
         per_row, count, a, word = g.K // v, g.B * g.K // v, self.operands[g.index], BYTES[g.operand_dtype]
@@ -438,9 +438,9 @@ class PersistentKernel:
         """Before the time loop: the weight fragments of each of this warp's chunks into wf (registers),
         which the step's GEMM then uses in place of loads from w_s. Measured (H100, LSTM fp16
         (100,16,512)): cuDNN's persistent kernel keeps its weights in registers (144 a thread) and
-        issued a third of the instructions of this kernel reloading them from shared memory (runs 46-47);
+        issued a third of the instructions of this kernel reloading them from shared memory;
         resident, the kernel took 3-12 % less (0.249 ms against 0.264 there, 2.754 against 3.128 at
-        (1024,16,768), run 48)."""
+        (1024,16,768))."""
         work, _, _, col, k = self.warp_tile(g)
         F, i = g.frags, g.index
         load = self.load_fragment(f"wf{i}", f"p_c * {F} + p_f", f"w_s{i}", f"({col} + p_f * {FRAG}) * {g.stride} + {k}",

@@ -20,7 +20,7 @@ operands (fp32 ones as TF32), one kernel that a schedule tensorizes a whole GEMM
 WMMA (cuda_tensorcore.py) reaches the tensor cores through warp-level mma.sync, whose operands every
 warp first loads from shared memory into registers; wgmma reads both from shared memory itself, a
 warpgroup at a time, and runs asynchronously to the issuing threads. H100, the kernels alone
-(``benchmarks/gemm_tiles.py``, docs/gpu-runs.tar.xz: gpu-runs/2026-11-25-run79-wgmma-gemm.md.gz and run 89), us, fp16:
+(``benchmarks/gemm_tiles.py``, docs/results.md#where-the-time-goes), us, fp16:
 
     GEMM (M x N x K)        WMMA (recipe default)   wgmma (wgmma_tile)   wgmma, C 8 bytes a store   cuBLAS
     25600 x 4096 x 1024     697                     573                  387                        300-307
@@ -29,7 +29,7 @@ warpgroup at a time, and runs asynchronously to the issuing threads. H100, the k
     64 x 8192 x 2048        17.2                    11.1                                            9.7
 
 Storing each thread's two adjacent accumulators with one 8-byte store instead of two 4-byte ones
-(run 89) took a third off: the fp32 C of the hoisted GEMM is 420 MB. bf16 the same for wgmma and
+took a third off: the fp32 C of the hoisted GEMM is 420 MB. bf16 the same for wgmma and
 cuBLAS; WMMA's bf16 took 988-1012 us on the large GEMMs. cuBLAS keeps a lead: its kernels also load
 tiles by TMA, in thread-block clusters, with warps that only load (warp specialisation), and write
 C in fp16; TVM 0.27 offers those as raw PTX too, not done here.
@@ -113,13 +113,13 @@ def wgmma_available(dtype: str, target, allow_tf32: bool = False) -> bool:
 
 
 def wgmma_tile(rows: int, cols: int, target) -> WgmmaTile:
-    """The fastest tile measured for the shape's kind (run 79, H100). Where two warpgroups by 256
+    """The fastest tile measured for the shape's kind (H100). Where two warpgroups by 256
     columns make four waves of blocks or more (the hoisted GEMM over all T*B rows): that tile, four
     stages, one wgmma group in flight (573 us at 25600 x 4096 x 1024; 128 columns in five stages
     577, without the group in flight 626-638). A step's few rows: one warpgroup, 128 columns in six
     stages (10.5 us at 256 x 4096 x 1024, 128 blocks) or, where that leaves half the SMs idle, 64
-    columns in four (11.1 us at 64 x 8192 x 2048 against 11.7). With 8-byte stores (run 89): 387
-    against 422 us hoisted, a step's 7.3 against 7.7 and 9.0; TF32 the same choice (run 92: 681 against
+    columns in four (11.1 us at 64 x 8192 x 2048 against 11.7). With 8-byte stores: 387
+    against 422 us hoisted, a step's 7.3 against 7.7 and 9.0; TF32 the same choice (681 against
     809 us hoisted, a step's 12.4 against 13.7); the recipe's knobs wgmma_hoisted and wgmma_step
     choose others."""
     wide = WgmmaTile(2, 256, 4, True) if cols % 256 == 0 else WgmmaTile(2, 128, 5, True)
@@ -132,8 +132,8 @@ def wgmma_tile(rows: int, cols: int, target) -> WgmmaTile:
 def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
     """``block`` (C[b, n] += A[b, k] * W[k, n], fp32, loops b, n, k) as the wgmma kernel, a copy
     feeding A inlined (A is read where the copy reads it). W packed in this scope is laid out (N, K)
-    (transform_layout; its packing becomes a copy): wgmma's K-major operand, the layout measured in
-    run 79. Weights packed elsewhere (the step's, packed by the prologue: transform_layout refuses a
+    (transform_layout; its packing becomes a copy): wgmma's K-major operand, the layout the module's
+    figures were measured in. Weights packed elsewhere (the step's, packed by the prologue: transform_layout refuses a
     buffer of the whole function) are read as stored: (N, K) where the lowering packed them so
     (``PackedLayout.k_major``), else (K, N), wgmma's MN-major operand: fp16/bf16 only (TF32 wgmma has
     no transposed operand). A computed A (r * h; the split of PackedLayout.tf32x3) stays its own
@@ -222,7 +222,7 @@ def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool):
     staged K-major: a W tile is bn rows of 128 bytes, as A's. W (K, N) is staged MN-major: 8 K rows
     of 64 columns (1024 bytes, swizzled as A's rows) an atom, the atoms of a K group side by side
     along N, the K groups after one another; its descriptor's leading offset is the atoms' distance
-    along N, its stride offset the K groups' (run 82: the other order computed garbage)."""
+    along N, its stride offset the K groups' (the other order computes garbage)."""
     bm, bn, stages, ahead, threads = tile.bm, tile.bn, tile.stages, tile.ahead, tile.threads
     size = BYTES[dtype]
     bk, chunk = ROW_BYTES // size, 16 // size  # elements of a K tile, of a 16-byte copy

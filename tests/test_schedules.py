@@ -60,7 +60,7 @@ def test_gpu_recipe_preference_follows_the_measured_sizes():
     loop's math does not fuse into its GEMM's kernel (GRU; not LSTM, PeepholeLSTM) and its step GEMM
     is not on wgmma (Hopper); not where its
     FFMA GEMM reads the operand from global memory against the step loop's tensor cores, exact fp32 as
-    three TF32 products on a Hopper GPU included (H100, docs/gpu-results.md)."""
+    three TF32 products on a Hopper GPU included (H100, docs/results.md#design-choices-measured)."""
     from halstm.schedules.cuda_tensorcore import tensorize_works
     from halstm.targets import CudaTarget
 
@@ -69,10 +69,10 @@ def test_gpu_recipe_preference_follows_the_measured_sizes():
     def first(batch, hidden, dtype, cell=halstm.LSTM):
         return recipes_for(halstm.lower(cell(hidden, hidden), 2, batch, dtype), h100)[0].name
 
-    split = "cuda-step-loop" if tensorize_works() else "cuda-persistent"  # exact fp32 on wgmma (run 94)
+    split = "cuda-step-loop" if tensorize_works() else "cuda-persistent"  # exact fp32 on wgmma
     assert first(64, 512, "float16") == first(64, 1024, "float16") == first(64, 512, "float32") == "cuda-persistent"
     assert first(64, 1024, "float32") == split
-    # GRU streams; but on a Hopper GPU the step loop's step GEMM runs on wgmma (run 83: 2.078 ms against 2.29)
+    # GRU streams; but on a Hopper GPU the step loop's step GEMM runs on wgmma (H100 fp16 (100,256,1024): 2.078 ms against 2.29)
     assert first(256, 1024, "float16", halstm.GRU) == first(256, 1024, "bfloat16", halstm.GRU) == "cuda-step-loop"
     a100 = CudaTarget("sm_80", sms=108)
     assert recipes_for(halstm.lower(halstm.GRU(1024, 1024), 2, 256, "float16"), a100)[0].name == "cuda-persistent"

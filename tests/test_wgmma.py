@@ -88,7 +88,7 @@ def test_hoisted_gemm_on_wgmma_is_a_knob(wgmma, tmp_path):
                        knobs={"wgmma": wgmma})
     source = f.module.mod.imports[0].inspect_source()
     assert ("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in source) == wgmma
-    assert ("= *(float2*)(acc_ptr + " in source) == wgmma  # C stored 8 bytes a thread (run 89: 573 -> 387 us)
+    assert ("= *(float2*)(acc_ptr + " in source) == wgmma  # C stored 8 bytes a thread (H100: 573 -> 387 us)
     assert CudaStepLoop().defaults(program, H100)["wgmma"]
     assert_nvcc_compiles(source, tmp_path)
 
@@ -148,7 +148,7 @@ def test_gemm_matches_float64_on_gpu(tile, dtype, packed_here, rng):
 @pytest.mark.parametrize("cell, batch, hidden", [(halstm.LSTM, 256, 1024), (halstm.GRU, 64, 1024), (halstm.LSTM, 16, 512)])
 def test_defaults_put_the_hoisted_gemm_on_wgmma(recipe, cell, batch, hidden):
     """The recipes' defaults are valid with the hoisted GEMM on wgmma: its WMMA fragments (moot) stay
-    at their first value (run 82's sweeps found them rejected when they did not)."""
+    at their first value (sweeps found them rejected when they did not)."""
     program = halstm.lower(cell(hidden, hidden), steps=100, batch=batch, dtype="float16")
     knobs = recipe.defaults(program, H100)
     assert recipe.valid(program, H100, knobs)
@@ -169,7 +169,7 @@ def test_wmma_knobs_of_gemms_on_wgmma_are_not_searched():
     lstm = halstm.lower(halstm.LSTM(1024, 1024), steps=100, batch=256, dtype="float16")
     on, off = recipe.defaults(lstm, H100), recipe.resolve(lstm, H100, {"wgmma": False})
     assert all(on[n] == recipe.knobs[n][0] for n in recipe._TENSOR_CORE + recipe._TENSOR_CORE_STEP)
-    assert (off["tc_warps_m"], off["tc_stages"], off["tc_step_k"], off["tc_fill"]) == (4, 4, 64, True)  # run 83's
+    assert (off["tc_warps_m"], off["tc_stages"], off["tc_step_k"], off["tc_fill"]) == (4, 4, 64, True)  # WMMA's own defaults
     assert recipe.valid(lstm, H100, on) and recipe.valid(lstm, H100, off)
     wgmma = [k for k in recipe.space(lstm, H100) if k["tensor_cores"] and k["wgmma"]]
     assert sorted((k["threads"], k["wgmma_hoisted"], k["wgmma_step"]) for k in wgmma) == sorted(itertools.product(
