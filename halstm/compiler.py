@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import threading
 import warnings
 
 import numpy as np
@@ -9,14 +11,31 @@ import numpy as np
 from halstm import schedules, targets
 
 from .cell import Cell, check_cell
-from .database import Database, Record, tuning_key
+from .database import Database, Record, best, nearest_steps, tuning_key
 from .lowering import Program, lower
 from .plan import make_plan
 from .runtime import SequenceFunction, Signature
 
 DTYPES = ("float32", "float16", "bfloat16")
 
+# Tracing a cell (``ops.tracing``'s tracer stack, TVM's te tag scope), the recipes' per-program
+# caches and building go through process-wide state: one thread at a time compiles. Re-entrant:
+# ``halstm.nn``'s cache holds it across its lookup and the compile that fills it.
+BUILD_LOCK = threading.RLock()
 
+
+def serialised(function):
+    """``function``, run holding ``BUILD_LOCK``."""
+
+    @functools.wraps(function)
+    def locked(*args, **kwargs):
+        with BUILD_LOCK:
+            return function(*args, **kwargs)
+
+    return locked
+
+
+@serialised
 def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     cell: Cell,
     steps: int,
@@ -40,6 +59,8 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     has them (sm_80+). Without it, float32 stays float32-accurate: on Hopper the step loop may run
     its GEMMs as three TF32 products each (``schedules.cuda.split_tf32``, within float32's
     tolerance; ``knobs={"tensor_cores": False}`` keeps them on FFMA cores).
+    A malformed or stale record, or a database that cannot be read, is passed over with a warning
+    (``_tuned``). Threads may call it at once: they compile one at a time (``BUILD_LOCK``).
     """
     check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)
@@ -85,29 +106,29 @@ def check_problem(cell: Cell, steps, batch, dtype) -> None:
 
 
 def _tuned(program: Program, target, database) -> Record | None:
-    """The best record for this problem among the built-in recipes (those compile can name); where
-    none is for this sequence length, the best at the nearest one (``Database.nearest_steps``) if
-    its knobs run here. A record for this very problem whose knobs do not (written by another
-    version of halstm) is passed over with a warning."""
+    """The best record for this problem among the built-in recipes (those compile can name), else
+    the best at the nearest sequence length (``database.nearest_steps``), if its knobs pass the
+    recipe's ``check_knobs`` here. One that does not (a stale record: another version of halstm or
+    another machine wrote it; or one written by hand) is passed over with a warning, as are a
+    malformed line and a database that cannot be read: the defaults are used."""
     db = database if isinstance(database, Database) else Database(database)
-    if not db.path.exists():
+    try:
+        records = db.records()
+    except OSError as e:
+        warnings.warn(f"{db.path}: the tuning database cannot be read ({e.strerror or e}); using the defaults",
+                      stacklevel=4)
         return None
     key = tuning_key(program.cell, program.steps, program.batch, program.dtype, target, program.allow_tf32)
     recipes = {r.name: r for r in schedules.BUILTIN}
-    exact = db.best(key, set(recipes))
-    if exact is not None:
-        if _runs(recipes[exact.recipe], program, target, exact.knobs):
-            return exact
-        warnings.warn(f"{db.path}: the tuned {exact.candidate} does not run here; using the defaults", stacklevel=3)
+    record = best(records, key, set(recipes)) or nearest_steps(records, key, set(recipes))
+    if record is None:
         return None
-    near = db.nearest_steps(key, set(recipes))
-    return near if near is not None and _runs(recipes[near.recipe], program, target, near.knobs) else None
-
-
-def _runs(recipe, program: Program, target, knobs: dict) -> bool:
-    if not recipe.is_applicable(program, target) or not set(knobs) <= set(recipe.knobs):
-        return False
-    return recipe.runs(program, target, recipe.resolve(program, target, knobs))
+    why = recipes[record.recipe].check_knobs(program, target, record.knobs)
+    if why is None:
+        return record
+    warnings.warn(f"{db.path}:{record.line}: the tuned {record.candidate} does not run here; using the defaults: "
+                  f"{why}", stacklevel=4)
+    return None
 
 
 class CompiledCell(SequenceFunction):

@@ -18,13 +18,14 @@ from halstm import schedules, targets
 from .autodiff import adjoints
 from .backward import BackwardProgram, lower_backward
 from .cell import Cell, placeholders, trace
-from .compiler import check_problem
+from .compiler import check_problem, serialised
 from .lowering import lower
 from .oracle import _Evaluator
 from .plan import make_plan
 from .runtime import check_array, check_names, as_frame
 
 
+@serialised
 def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32", target="cpu",
                      knobs: dict | None = None) -> CompiledBackward:
     """The backward of ``halstm.compile(cell, steps, batch, dtype, target)`` (``halstm.backward``),

@@ -62,8 +62,36 @@ class Recipe:
         switches = {n: knobs[n] for n in self.switches if n in knobs}
         return {**self.defaults(program, target, switches), **knobs}
 
+    def check_knobs(self, program, target, knobs: dict) -> str | None:
+        """Why ``knobs`` (a setting read from a tuning record, say) cannot be used here, or None: the
+        recipe does not apply, a knob it does not have, a value neither among the knob's candidates
+        nor its default here (``defaults`` may compute one outside them, and the tuner records it;
+        compared by type too: 1.0 is not 1, nor True 1), or a setting that does not ``run``. Not
+        ``valid``: a setting it prunes from the search (slow, or repeating another) still runs right."""
+        if not self.is_applicable(program, target):
+            return f"recipe '{self.name}' does not apply to {program.cell!r} on {target.key}"
+        unknown = set(knobs) - set(self.knobs)
+        if unknown:
+            return f"recipe '{self.name}' has no knob(s) {sorted(unknown)}"
+        switches = {n: knobs[n] for n in self.switches if n in knobs}
+        for name, value in switches.items():
+            if not _among(value, self.knobs[name]):
+                return f"knob {name}={value!r} is not one of {self.knobs[name]}"
+        defaults = self.defaults(program, target, switches)
+        for name, value in knobs.items():
+            if not (_among(value, self.knobs[name]) or _among(value, (defaults[name],))):
+                return f"knob {name}={value!r} is neither one of {self.knobs[name]} nor the default {defaults[name]!r}"
+        if not self.runs(program, target, {**defaults, **knobs}):
+            return "a tile or grid past the target's limits (threads, registers, shared memory, co-residency)"
+        return None
+
     def __repr__(self):
         return f"{type(self).__name__}()"
+
+
+def _among(value, candidates) -> bool:
+    """Whether ``value`` is one of ``candidates``, of the same type (JSON reads 4.0 and true as such)."""
+    return any(type(value) is type(c) and value == c for c in candidates)
 
 
 def is_reduction(sch: Schedule, block) -> bool:
