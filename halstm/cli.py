@@ -261,15 +261,17 @@ def _info(args) -> int:
     from .deploy import read_meta
 
     if args.path.suffix == ".jsonl":
-        records = Database(args.path).records()
+        records, unreadable = Database(args.path).read()
+        for line in unreadable:
+            print(line, file=sys.stderr)
         problems: dict[str, list] = {}
         for r in records:
             problems.setdefault(json.dumps(r.key, sort_keys=True), []).append(r)
         print(f"{args.path}: {len(records)} records, {len(problems)} problems")
         for _, mine in sorted(problems.items()):
             k = mine[0].key
-            head = (f"{k['cell']} I={k['input_size']} H={k['hidden_size']} T={k['steps']} B={k['batch']} "
-                    f"{k['dtype']} on {k['target']}")
+            head = (f"{k.get('cell')} I={k.get('input_size')} H={k.get('hidden_size')} T={k.get('steps')} "
+                    f"B={k.get('batch')} {k.get('dtype')} on {k.get('target')}")
             best, tried = fastest(mine), [r for r in mine if not r.final]
             failed, finals = sum(r.ms is None for r in tried), len(mine) - len(tried)
             verdict = f"best {best.ms:.3f} ms: {best.recipe} {best.knobs}" if best else "no success"
