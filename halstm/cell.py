@@ -30,11 +30,13 @@ class Cell:
 
     ``states`` names the tensors that recur, each of shape (B, hidden_size); ``output`` names the
     one whose sequence is the cell's output. ``step(p, x, *states)`` returns the next states in the
-    order of ``states``.
+    order of ``states``. ``biases`` names the parameters that are bias terms, those that
+    ``halstm.nn.RNN(..., bias=False)`` leaves out (``()``: none); see ``bias_parameters``.
     """
 
     states: tuple[str, ...] = ("h",)
     output: str = "h"
+    biases: tuple[str, ...] | None = None  # None: not declared
 
     def __init__(self, input_size: int, hidden_size: int):
         if input_size < 1 or hidden_size < 1:
@@ -49,6 +51,25 @@ class Cell:
     def step(self, p: Params, x: te.Tensor, *states: te.Tensor):
         """The next states, from the input x (B, input_size) and the current states."""
         raise NotImplementedError
+
+    def bias_parameters(self) -> tuple[str, ...]:
+        """The parameters that are bias terms: ``biases`` as declared. A cell that does not declare
+        them has none if it has no 1-D parameter; with 1-D parameters, which may be biases or not
+        (gains, peepholes), it must say."""
+        params = self.parameters()
+        if self.biases is None:
+            vectors = [n for n, shape in params.items() if len(shape) == 1]
+            if vectors:
+                raise ValueError(
+                    f"{self.name} does not declare which parameters are biases, and its 1-D parameters "
+                    f"{vectors} may be: set `biases = (...)` on the class to the names of its bias terms "
+                    f"(`biases = ()` if none is one)"
+                )
+            return ()
+        unknown = [n for n in self.biases if n not in params]
+        if unknown:
+            raise ValueError(f"{self.name}.biases names {unknown}, which are not among its parameters {list(params)}")
+        return tuple(self.biases)
 
     @property
     def name(self) -> str:

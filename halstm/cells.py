@@ -14,6 +14,7 @@ class LSTM(Cell):
     """i, f, g, o = split(W_ih x + b_ih + W_hh h + b_hh); c' = f c + i g; h' = o tanh(c')."""
 
     states = ("h", "c")
+    biases = ("bias_ih", "bias_hh")
 
     def parameters(self):
         I, H = self.input_size, self.hidden_size
@@ -29,6 +30,8 @@ class LSTM(Cell):
 
 class GRU(Cell):
     """PyTorch's GRU: the reset gate scales (W_hn h + b_hn), after the recurrent matmul."""
+
+    biases = ("bias_ih", "bias_hh")
 
     def parameters(self):
         I, H = self.input_size, self.hidden_size
@@ -47,6 +50,7 @@ class PeepholeLSTM(Cell):
     """LSTM whose gates also see the cell state (Gers & Schmidhuber 2000): i, f peek at c, o at c'."""
 
     states = ("h", "c")
+    biases = ("bias",)  # the peepholes are weights
 
     def parameters(self):
         I, H = self.input_size, self.hidden_size
@@ -72,6 +76,8 @@ class ResetBeforeGRU(Cell):
     The reset gate scales h before the recurrent matmul, so that matmul must wait for r: the planner
     gives the step two stages.
     """
+
+    biases = ("bias",)
 
     def parameters(self):
         I, H = self.input_size, self.hidden_size

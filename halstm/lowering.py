@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import textwrap
 from dataclasses import dataclass
 
@@ -171,7 +172,7 @@ def tf32_split(a: te.Tensor, name: str) -> te.Tensor:
     (3xTF32, as CUTLASS offers it). The small products come first, summed before the large ones:
     added to the large sum they lost their low bits. H100, LSTM T=100 against float64: (100,256,1024)
     6.0e-6, (100,64,2048) 7.1e-6 this way; 1.1e-5 and 1.9e-5 with the small products last and a_s
-    left to the tensor cores' truncation (runs 95, 96); FFMA 5.5e-6."""
+    left to the tensor cores' truncation; FFMA 5.5e-6."""
     depth = int(a.shape[1])
 
     def at(b, k):
@@ -435,6 +436,34 @@ def skeleton(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayou
     return Skeleton(args, allocs, prologue, views)
 
 
+INT32_ELEMENTS = 2**31 - 1
+
+
+def check_sizes(plan: Plan, steps: int, batch: int, layout: PackedLayout = PackedLayout()) -> None:
+    """Refuse a problem one of whose buffers holds more than 2^31 - 1 elements, naming it: the
+    function indexes its buffers with int32, and TVM failed deep inside the build ("Literal value
+    2147549184 exceeds range of int32")."""
+    cell, rows = plan.cell, steps * batch
+    per_step = {"x": ("the input", (rows, cell.input_size))}  # the buffers that grow with T*B
+    per_step |= {f"{s}_seq": ("a state sequence", (rows + batch, cell.hidden_size)) for s in cell.states}
+    fixed = {n: ("a parameter", tuple(shape)) for n, shape in cell.parameters().items()}
+    for g in plan.hoisted:
+        per_step[g.name] = ("a hoisted GEMM's result", (rows, g.rows))
+        if layout.of(g).tf32x3:
+            per_step[f"{g.name}_operand"] = ("a hoisted GEMM's operand split for TF32", (rows, 3 * g.depth))
+    for i, g in enumerate(plan.gemms):
+        fixed[f"w_packed{i}"] = ("packed weights", layout.of(g).shape(g.depth, g.rows))
+    for buffers, advice in ((fixed, "a smaller cell"), (per_step, "shorter calls, each starting from the "
+                                                                  "last one's final states, or a smaller batch")):
+        for name, (what, shape) in buffers.items():
+            count = math.prod(shape)
+            if count > INT32_ELEMENTS:
+                raise ValueError(
+                    f"{cell!r} at T={steps}, B={batch}: '{name}' ({what}, shape {shape}) would hold {count} "
+                    f"elements, past the {INT32_ELEMENTS} (2^31 - 1) that int32 indexing reaches: use {advice}"
+                )
+
+
 def lower(
     cell: Cell,
     steps: int,
@@ -446,6 +475,7 @@ def lower(
 ) -> Program:
     """The whole sequence as one PrimFunc ``main`` (unscheduled)."""
     plan = plan or make_plan(cell)
+    check_sizes(plan, steps, batch, layout)
     frame = skeleton(plan, steps, batch, dtype, layout)
     loop = f"""    for t in range({steps}):
         with T.sblock("step"):

@@ -22,7 +22,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from . import cells as builtin
-from .compiler import compile as compile_cell
+from .compiler import BUILD_LOCK, compile as compile_cell
 from .gradients import compile_backward
 from .lowering import cell_hash
 
@@ -34,12 +34,17 @@ _COMPILED: dict[tuple, object] = {}  # (compiler, key, T, B, dtype, device) -> c
 
 def _compiled(compiler, key: str, x: torch.Tensor):
     """``compiler`` (halstm.compile or compile_backward) for the cell ``key`` at x's shape, dtype
-    and device, compiled on first use."""
+    and device, compiled on first use (once: a thread that finds it being compiled waits for it)."""
     T, B, _ = x.shape
     cache = (compiler.__name__, key, T, B, x.dtype, x.device)
-    if cache not in _COMPILED:
-        _COMPILED[cache] = compiler(_CELLS[key], T, B, str(x.dtype).replace("torch.", ""), _target(x.device))
-    return _COMPILED[cache]
+    f = _COMPILED.get(cache)
+    if f is None:
+        with BUILD_LOCK:
+            f = _COMPILED.get(cache)
+            if f is None:
+                dtype = str(x.dtype).replace("torch.", "")
+                f = _COMPILED[cache] = compiler(_CELLS[key], T, B, dtype, _target(x.device))
+    return f
 
 
 @torch.library.custom_op("halstm::sequence", mutates_args=())
@@ -100,7 +105,8 @@ def _target(device: torch.device):
 
 
 class RNN(torch.nn.Module):
-    """A multi-layer, optionally bidirectional recurrent network of ``cell_type`` cells."""
+    """A multi-layer, optionally bidirectional recurrent network of ``cell_type`` cells. With
+    ``bias=False`` the cell's bias terms (``Cell.bias_parameters``) are zero and not parameters."""
 
     def __init__(self, cell_type, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
@@ -117,12 +123,13 @@ class RNN(torch.nn.Module):
             for direction in range(self.directions):
                 size = input_size if layer == 0 else hidden_size * self.directions
                 cell = cell_type(size, hidden_size)
+                dropped = () if bias else cell.bias_parameters()
                 suffix = f"_l{layer}" + ("_reverse" if direction else "")
                 key = f"{cell.name}-{cell_hash(cell)}"
                 _CELLS.setdefault(key, cell)
                 self._cells[suffix] = (key, cell)
                 for name, shape in cell.parameters().items():
-                    if bias or not _is_bias(name):
+                    if name not in dropped:
                         self.register_parameter(name + suffix, torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
         self.cell = cell
         self.reset_parameters()
@@ -177,7 +184,7 @@ class RNN(torch.nn.Module):
     def _param(self, name, shape, x):
         if name in self._parameters:
             return self._parameters[name]
-        return x.new_zeros(shape)  # bias=False: the cell's bias terms are zero
+        return x.new_zeros(shape)  # bias=False: the cell's declared bias terms are zero
 
     def _initial_states(self, hx, B, x):
         count = self.num_layers * self.directions
@@ -191,10 +198,6 @@ class RNN(torch.nn.Module):
             if tuple(h.shape) != (count, B, self.hidden_size):
                 raise ValueError(f"hx['{s}']: expected shape {(count, B, self.hidden_size)}, got {tuple(h.shape)}")
         return dict(zip(self.cell.states, hx))
-
-
-def _is_bias(name: str) -> bool:
-    return name.startswith("bias")
 
 
 def _reverse(x, lengths):

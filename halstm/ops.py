@@ -10,18 +10,51 @@ from __future__ import annotations
 
 import contextlib
 
-from tvm import te, topi  # importing topi gives te.Tensor its elementwise arithmetic operators
+import numpy as np
+from tvm import te, tirx, topi  # importing topi gives te.Tensor its elementwise arithmetic operators
 
 MATMUL_TAG = "halstm.matmul"
 
+# PyTorch's values at the extremes (inf, 0, NaN in, NaN out), on the CPU (targets/cpu_math.py) and on
+# CUDA, where subnormal results flush to zero (TVM builds with --use_fast_math)
 sigmoid = topi.sigmoid
 tanh = topi.tanh
 exp = topi.exp
 log = topi.log
 sqrt = topi.sqrt
-relu = topi.nn.relu
-maximum = topi.maximum
-minimum = topi.minimum
+
+
+def _broadcast(f, a, b, name: str) -> te.Tensor:
+    """``f`` of the elements of a and b (tensors, or a number for one of them) broadcast against
+    each other as in NumPy."""
+    dtype = (a if isinstance(a, te.Tensor) else b).dtype
+    shapes = [tuple(int(d) for d in t.shape) if isinstance(t, te.Tensor) else () for t in (a, b)]
+
+    def element(t, shape, index):
+        if not isinstance(t, te.Tensor):
+            return tirx.const(t, dtype)
+        index = index[len(index) - len(shape):]
+        return t[tuple(0 if d == 1 else i for d, i in zip(shape, index))]
+
+    return te.compute(np.broadcast_shapes(*shapes),
+                      lambda *i: f(element(a, shapes[0], i), element(b, shapes[1], i)), name=name)
+
+
+def maximum(a, b) -> te.Tensor:
+    """The larger of a and b, NaN where either is NaN, as torch.maximum (TVM's max returns the other
+    operand): comparisons with NaN are false, leaving u + v."""
+    return _broadcast(lambda u, v: tirx.Select(u < v, v, tirx.Select(v <= u, u, u + v)), a, b, "maximum")
+
+
+def minimum(a, b) -> te.Tensor:
+    """The smaller of a and b, NaN where either is NaN (torch.minimum)."""
+    return _broadcast(lambda u, v: tirx.Select(v < u, v, tirx.Select(u <= v, u, u + v)), a, b, "minimum")
+
+
+def relu(t: te.Tensor) -> te.Tensor:
+    """max(t, 0), NaN for NaN (torch.relu)."""
+    return _broadcast(lambda u, zero: tirx.Select(u < zero, zero, u), t, 0.0, "relu")
+
 
 _tracers: list = []
 
