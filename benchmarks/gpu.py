@@ -5,9 +5,9 @@ results.png into the folder given (default $OUT).
 
     python benchmarks/gpu.py [--shapes 0,1,2] [--cells LSTM,GRU] [--out DIR] [--no-compile] [--no-check]
 
-Every halstm function is first compiled in parallel worker processes (the GPU machine's cores; one at a
-time, compiling took most of a call) and exported; the timed run loads them (``halstm.load``) and
-reports each one's own compile time.
+Every halstm function is first compiled in parallel worker processes (the machine's cores; one at a
+time, compiling would take most of the benchmark's time) and exported; the timed run loads them
+(``halstm.load``) and reports each one's own compile time.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from halstm.bench import save_png
 from halstm.targets import CudaTarget
 
 SHAPES = [(100, 1, 256), (100, 16, 512), (100, 64, 1024), (100, 256, 1024), (512, 64, 512),
-          (100, 64, 2048), (1024, 16, 768), (100, 8, 512)]
+          (100, 64, 2048), (1024, 16, 768), (100, 8, 512), (100, 64, 512)]
 CELLS = {"LSTM": halstm.LSTM, "GRU": halstm.GRU, "PeepholeLSTM": halstm.PeepholeLSTM,
-         "ResetBeforeGRU": halstm.ResetBeforeGRU}
+         "ResetBeforeGRU": halstm.ResetBeforeGRU, "LayerNormLSTM": halstm.LayerNormLSTM,
+         "LayerNormGRU": halstm.LayerNormGRU}
 TOL = {"float32": 1e-5, "tf32": 1e-3, "float16": 1e-2, "bfloat16": 1e-2}
 # "tf32": float32 tensors, GEMMs on tensor cores as TF32 (halstm.compile's allow_tf32; cuDNN's default)
 RECIPES = [r.name for r in schedules.BUILTIN if r.name.startswith("cuda")]
@@ -48,7 +49,7 @@ def applicable(name, T, B, I, H, dtype, recipe, target, every_recipe=False) -> b
     program = halstm.lower(CELLS[name](I, H), T, B, storage(dtype), allow_tf32=dtype == "tf32")
     found = [r.name for r in schedules.recipes_for(program, target)]
     if recipe == "cuda-persistent" and not every_recipe:
-        # slower than the step loop where recipes_for does not prefer it (docs/gpu-results.md);
+        # slower than the step loop where recipes_for does not prefer it (docs/results.md);
         # --every-recipe times it
         return found[:1] == [recipe]
     return recipe in found
@@ -182,7 +183,24 @@ def torch_cell(name, p):
         n = torch.tanh(xn + (r * h) @ p["weight_hn"].T)
         return ((1 - z) * n + z * h,)
 
-    return {"PeepholeLSTM": peephole, "ResetBeforeGRU": reset_before}[name]
+    ln = torch.nn.functional.layer_norm
+
+    def layer_norm_lstm(x, h, c):
+        width = p["bias"].shape
+        gates = ln(x @ p["weight_ih"].T, width, p["gamma_ih"]) + ln(h @ p["weight_hh"].T, width, p["gamma_hh"]) + p["bias"]
+        gi, gf, gg, go = gates.chunk(4, 1)
+        c2 = torch.sigmoid(gf) * c + torch.sigmoid(gi) * torch.tanh(gg)
+        return torch.sigmoid(go) * torch.tanh(ln(c2, c2.shape[-1:], p["gamma_c"], p["beta_c"])), c2
+
+    def layer_norm_gru(x, h):
+        width = p["bias_ih"].shape
+        xr, xz, xn = (ln(x @ p["weight_ih"].T, width, p["gamma_ih"]) + p["bias_ih"]).chunk(3, 1)
+        hr, hz, hn = (ln(h @ p["weight_hh"].T, width, p["gamma_hh"]) + p["bias_hh"]).chunk(3, 1)
+        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+        return ((1 - z) * torch.tanh(xn + r * hn) + z * h,)
+
+    return {"PeepholeLSTM": peephole, "ResetBeforeGRU": reset_before, "LayerNormLSTM": layer_norm_lstm,
+            "LayerNormGRU": layer_norm_gru}[name]
 
 
 def bench_jobs(shapes, cells, dtypes, target, every_recipe):

@@ -20,10 +20,12 @@ import importlib
 _WHERE = {
     "Cell": "cell", "Params": "cell",
     "LSTM": "cells", "GRU": "cells", "PeepholeLSTM": "cells", "ResetBeforeGRU": "cells",
+    "LayerNormLSTM": "cells", "LayerNormGRU": "cells",
     "compile": "compiler", "CompiledCell": "compiler",
     "compile_backward": "gradients", "reference_backward": "gradients", "lower_backward": "backward",
     "lower": "lowering", "make_plan": "plan", "reference": "oracle",
     "matmul": "ops", "linear": "ops", "split": "ops", "sigmoid": "ops", "tanh": "ops", "exp": "ops",
+    "layer_norm": "ops",
     "export": "deploy", "load": "deploy",
     "tune": "tuner",
 }

@@ -147,3 +147,26 @@ def embedding(table: te.Tensor, ids: te.Tensor) -> te.Tensor:
 def argmax(t: te.Tensor) -> te.Tensor:
     """Each row's index of its largest value, the first one on ties (as torch.argmax): (B,) int32."""
     return topi.argmax(t, axis=1)
+
+
+def layer_norm(t: te.Tensor, gamma: te.Tensor, beta: te.Tensor | None = None, eps: float = 1e-5) -> te.Tensor:
+    """``(t - mean) / sqrt(var + eps) * gamma + beta`` over the last axis of a (B, N) tensor, as
+    torch.nn.functional.layer_norm (biased variance); the statistics and the result in float32.
+    The two sums are the cell's own reductions: recipes schedule them as such."""
+    rows, width = (int(d) for d in t.shape)
+    name = t.op.name
+
+    def wide(b, n):
+        return t[b, n].astype("float32")
+
+    k = te.reduce_axis((0, width), name="k")
+    total = te.compute((rows,), lambda b: te.sum(wide(b, k), axis=k), name=f"{name}_sum")
+    k = te.reduce_axis((0, width), name="k")
+    deviation = te.compute((rows,), lambda b: te.sum((wide(b, k) - total[b] / width) * (wide(b, k) - total[b] / width),
+                                                     axis=k), name=f"{name}_sqdev")
+
+    def value(b, n):
+        normed = (wide(b, n) - total[b] / width) * te.rsqrt(deviation[b] / width + eps) * gamma[n].astype("float32")
+        return normed if beta is None else normed + beta[n].astype("float32")
+
+    return te.compute((rows, width), value, name=f"{name}_normed")

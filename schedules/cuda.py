@@ -52,6 +52,7 @@ from halstm.lowering import PackedLayout
 from .cuda_tensorcore import (BYTES, WARP, TensorCoreTile, fetches_its_operand, gemm_tensorcore,
                               tensor_cores_available)
 from .recipe import Recipe, child_blocks, inline_elementwise, is_pure_copy, is_reduction, merge_next_states
+from .row_kernel import schedule_rows
 from .wgmma import WgmmaTile, gemm_wgmma, wgmma_available, wgmma_tile
 
 VECTOR = 4  # elements a thread fetches at once into shared memory
@@ -96,21 +97,20 @@ class CudaStepLoop(Recipe):
         "tc_prefetch": (False, True),
         "tc_fill": (False, True),
         # the step's elementwise math in its tensor-core GEMM's kernel (fuse_epilogue), the gates
-        # grouped by units (PackedLayout.units). H100 fp16 T=100 (docs/gpu-results.md "eleventh
-        # run"), ms on / off: LSTM B=256 H=1024 3.03 / 3.11, B=64 H=2048 3.34 / 3.53,
-        # ResetBeforeGRU B=256 3.14 / 3.29, B=64 2.54 / 2.58 (an earlier run without the unrolled
-        # epilogue had it 2.64 / 2.55); GRU does not fuse (3 gates, no whole units in a tile)
+        # grouped by units (PackedLayout.units). H100 fp16 T=100 (benchmarks/knob_sweep.py), ms
+        # on / off: LSTM B=256 H=1024 3.03 / 3.11, B=64 H=2048 3.34 / 3.53, ResetBeforeGRU B=256
+        # 3.14 / 3.29, B=64 2.54 / 2.58; GRU does not fuse (3 gates, no whole units in a tile)
         "tc_epilogue": (True, False),
         # fp16/bf16 GEMMs (float32 as TF32) on Hopper's wgmma (wgmma.py) rather than WMMA: alone
-        # 18-31 % faster hoisted, 29-35 % at a step's rows (run 79); the step's elementwise math then runs in a
-        # kernel of its own (tc_epilogue applies to WMMA: epilogue_units). H100 fp16 T=100 (run
-        # 83), prepared ms, wgmma / WMMA: GRU (100,256,1024) 2.078 / 2.964 (cuDNN 2.255)
+        # 18-31 % faster hoisted, 29-35 % at a step's rows (H100); the step's elementwise math then runs in a
+        # kernel of its own (tc_epilogue applies to WMMA: epilogue_units). H100 fp16 T=100, prepared
+        # ms, wgmma / WMMA: GRU (100,256,1024) 2.078 / 2.964 (cuDNN 2.255)
         "wgmma": (True, False),
         # the wgmma tiles (WgmmaTile.name: warpgroups x columns x stages, "f": a group in flight) of
         # the hoisted GEMMs and of the step's; "auto": wgmma_tile's choice for the shape, the fastest
-        # of these alone (H100 fp16, us, run 79: 25600 x 4096 x 1024 573 / 577 / 701 / 722, 64 x 8192
-        # x 2048 11.7 / 11.1 / 16.8; run 89, 8-byte stores: 25600 x 4096 x 1024 387 / 422, 256 x 4096
-        # x 1024 7.3 / 7.7 / 9.0). In the recipe (run 89, LSTM (100,256,1024)) the step's 1x64x4
+        # of these alone (H100 fp16, us, with 8-byte stores: 25600 x 4096 x 1024 387 / 422, 256 x 4096
+        # x 1024 7.3 / 7.7 / 9.0; 64 x 8192 x 2048 11.7 / 11.1 / 16.8 with 4-byte stores). In the
+        # recipe (LSTM (100,256,1024)) the step's 1x64x4
         # measured 1.811 ms against auto's 1.904, equal in the tuner's side-by-side: a shape's tune decides
         "wgmma_hoisted": ("auto", "2x256x4f", "2x128x5f", "1x128x6f", "1x64x4"),
         "wgmma_step": ("auto", "1x128x6f", "1x64x4", "2x128x5f"),
@@ -167,7 +167,7 @@ class CudaStepLoop(Recipe):
         - tc_prefetch off: measured slower everywhere it was tried;
         - for fp16/bf16, 8 warps a block (tc_warps_m STEP_WARPS_M) and K tiles of STEP_K_BYTES where
           every step GEMM's tile stays STEP_WIDE_COLUMNS wide, else 4 warps (the first value).
-        Measured (H100, fp16, benchmarks/knob_sweep.py, docs/gpu-results.md "seventh run"), T=100,
+        Measured (H100, fp16, benchmarks/knob_sweep.py), T=100,
         ms against the first values (K 32, no fill, no prefetch) and with prefetch on:
         LSTM B=64 H=1024 (64 x 32 tiles, K=128, 8 round trips instead of 32) 2.10 / 2.97 / 2.24;
         LSTM B=256 H=1024 (64 x 64 tiles, 256 blocks already, K=64) 3.79 / 4.32 / 3.90;
@@ -301,8 +301,12 @@ class CudaStepLoop(Recipe):
                 if not fused:
                     schedule_gemm(sch, gemm, k, program, target, scope == "step", views)
                 elementwise = [b for b in elementwise if sch.get(b).name_hint not in fused]
+            if scope == "step":
+                elementwise = schedule_rows(sch, elementwise, k["threads"])
             for block in elementwise:
-                if not schedule_transpose(sch, block):
+                if is_reduction(sch, block):
+                    bind_reduction(sch, block, k["threads"])
+                elif not schedule_transpose(sch, block):
                     bind_flat(sch, block, k["threads"])
         return sch
 
@@ -344,7 +348,7 @@ def hoisted_tile(knobs: dict) -> GemmTile:
 
 
 # The hoisted GEMM's warps a block. H100, fp16 T=100, the hoisted GEMM alone (torch.profiler,
-# benchmarks/kernel_breakdown.py, docs/gpu-results.md "fifteenth run"), us with 4 x 4 fragments a
+# benchmarks/kernel_breakdown.py), us with 4 x 4 fragments a
 # warp, 2 x 2 / 4 x 2 / 2 x 4 warps (and 4 x 4 warps of 2 x 2): LSTM B=256 H=1024 (25600 x 4096 x
 # 1024) 691 / 849 / 811 (902); B=64 H=2048 (6400 x 8192 x 2048) 720 / 815 / 781 (866). When the
 # step GEMM shared these warps, its best warps slowed this GEMM down.
@@ -370,7 +374,7 @@ def step_tensor_core_tile(knobs: dict, rows: int, cols: int, target) -> TensorCo
 
 # the K tile of a pipelined GEMM: 64 bytes a row (32 fp16, 16 fp32 elements); the step GEMM's at
 # least STEP_K_BYTES, longer where K would take more than PIPELINED_K_TILES of them (each a round
-# trip). H100 T=100, ms (docs/gpu-results.md "eleventh run", runs 22-23, 4 warps a block), K=2048
+# trip). H100 T=100, ms (benchmarks/knob_sweep.py, 4 warps a block), K=2048
 # fp16, step K 64 / 32: LSTM B=64 3.101 / 3.390, GRU 2.836 / 3.070, ResetBeforeGRU 4.207 / 4.632;
 # TF32 step K 32 / 16: LSTM B=64 H=1024 3.331 / 3.428, B=256 7.393 / 7.433, H=2048 (64) 9.374 /
 # 9.724; at 32 tiles of 32, doubling did not help with 4 warps (fp16 LSTM B=256 H=1024 3.014 /
@@ -379,7 +383,7 @@ PIPELINED_K_BYTES = 64
 PIPELINED_K_TILES = 32
 # The fp16/bf16 step GEMM's defaults on tensor cores where its tiles stay 64 columns wide: 8 warps a
 # block (tc_warps_m 4: 4 x 2), pipelined K tiles of at least 128 bytes a row. H100 fp16 T=100, step
-# loop, ms (benchmarks/knob_sweep.py, docs/gpu-results.md "fifteenth run", runs 58-60), 4 warps with K
+# loop, ms (benchmarks/knob_sweep.py), 4 warps with K
 # 32 (64 at H=2048) / 8 warps with K 64: LSTM B=256 H=1024 2.988-3.048 / 2.660-2.667 (2 x 4 warps 2.655,
 # K 128 2.829, 16 warps 2.751), GRU B=256 2.587-2.629 / 2.497 (2 x 4: 2.401-2.449), PeepholeLSTM B=256
 # 3.013 / 2.699; LSTM B=64 H=2048 3.139-3.140 / 2.979 (K 128 2.977; 16 warps 2.974). Narrower tiles: ResetBeforeGRU
@@ -397,10 +401,10 @@ def _pipelined(knobs: dict, program, target) -> dict:
     """The tensor-core GEMMs' defaults: PIPELINE_STAGES K tiles in flight, each of PIPELINED_K_BYTES
     a row, the hoisted GEMM's fragments as ``_hoisted_fragments`` gives; where that hoisted tile does
     not fit, two stages, then one stage and the first K tile. H100, T=100, whole calls
-    (benchmarks/knob_sweep.py), ms. One stage -> two (docs/gpu-results.md "ninth run", run 11):
+    (benchmarks/knob_sweep.py), ms. One stage -> two:
     LSTM fp16 B=256 H=1024 3.585 -> 3.201, B=64 H=2048 5.221 -> 4.157, GRU fp16 B=256 H=1024 3.136 ->
     2.787; LSTM TF32 B=64 H=1024 4.104 -> 3.674, B=256 9.324 -> 9.013. Two -> three -> four, with
-    all of the tiles in dynamic shared memory ("tenth run", run 14): LSTM fp16 B=256 H=1024 3.192 ->
+    all of the tiles in dynamic shared memory: LSTM fp16 B=256 H=1024 3.192 ->
     3.152 -> 3.096, B=64 H=2048 4.215 -> 3.796 -> 3.607, GRU fp16 B=256 H=1024 2.773 -> 2.733 ->
     2.645; LSTM TF32 B=64 H=1024 3.595 -> 3.612 (three)."""
     size = BYTES[program.dtype]
@@ -417,7 +421,7 @@ def _pipelined(knobs: dict, program, target) -> dict:
 def _hoisted_fragments(knobs: dict, program, target) -> int:
     """The hoisted GEMM's fragments a warp: 4 x 4 (128 x 128 tiles) where their grid still has a
     block for every SM and the tile fits, else the first value (64 x 64). H100, fp16 T=100, whole
-    calls (benchmarks/knob_sweep.py, docs/gpu-results.md "eighth run"), ms 64 x 64 -> 128 x 128:
+    calls (benchmarks/knob_sweep.py), ms 64 x 64 -> 128 x 128:
     LSTM B=64 H=1024 persistent 1.175 -> 1.101, B=16 H=512 persistent 0.356 -> 0.347, B=256 H=1024
     step loop 3.889 -> 3.441 (ncu, the GEMM alone at B=64: 340 -> 282 us)."""
     rows = program.steps * program.batch
@@ -438,11 +442,11 @@ def epilogue_units(knobs: dict, program, target) -> int | None:
     """The units a column tile of the first step GEMM holds when its epilogue fuses (tc_epilogue):
     on WMMA tensor cores, M, N, K whole tiles, N a whole number G of gates of width H, and the tile's
     columns G x units with units dividing H; None otherwise. Not on wgmma (``on_wgmma``): H100
-    fp16 T=100 (run 83), prepared ms, wgmma and a separate elementwise kernel / WMMA with the math
+    fp16 T=100, prepared ms, wgmma and a separate elementwise kernel / WMMA with the math
     fused / all WMMA: LSTM (100,256,1024) 2.394 / 2.565 / 3.258, (100,64,2048) 2.397 / 2.711 / 3.545
-    (cuDNN 2.174, 2.367 in those processes; run 83's WMMA builds had the hoisted GEMM's fragments at
+    (cuDNN 2.174, 2.367 in those processes; the WMMA builds had the hoisted GEMM's fragments at
     their first value). Nor fused into the wgmma kernel (tried in de7e7d6: its C tile stored, a
-    barrier, then the math of its units; run 86, prepared ms fused / separate: LSTM (100,256,1024)
+    barrier, then the math of its units; prepared ms fused / separate: LSTM (100,256,1024)
     2.685 / 2.377, PeepholeLSTM 2.670 / 2.286, LSTM (100,64,2048) 2.402 / 2.399): its step kernel
     took 18.8 us against 10.5 + 3.6 for the two, 128 threads a block (one block an SM) doing the
     math's loads with far less latency hidden than the elementwise kernel's."""
@@ -531,10 +535,10 @@ def tf32_gemms(program, step: bool = False) -> bool:
 def split_tf32(knobs: dict, program, target, hoisted_only: bool = False) -> bool:
     """Whether exact float32 GEMMs run as three TF32 products each (``lowering.tf32_split``): no
     allow_tf32, and every GEMM, hoisted and step (with ``hoisted_only``, hoisted), on TF32 wgmma.
-    H100, T=100, whole calls, FFMA / three TF32 products (run 96, one process): LSTM (100,256,1024)
+    H100, T=100, whole calls, FFMA / three TF32 products (one process): LSTM (100,256,1024)
     15.525 / 7.050 ms, (100,64,2048) 21.910 / 12.004, GRU (100,64,1024) 6.138 / 4.139; relative
     errors against float64 5.5e-6 / 6.0e-6, 5.5e-6 / 7.1e-6, 4.5e-6 / 5.1e-6. cuDNN without TF32
-    (run 94): 11.281, 11.508, 4.523 ms."""
+    11.281, 11.508, 4.523 ms."""
     steps = (False,) if hoisted_only else (False, True)
     return (program.dtype == "float32" and not program.allow_tf32
             and all(_on_wgmma(knobs, program, target, step, tf32=True) for step in steps))
@@ -658,13 +662,31 @@ def _cooperative_fetch(sch: Schedule, tile, threads: int, transposed: bool, alig
 
 
 def bind_flat(sch: Schedule, block, threads: int) -> None:
-    """One thread per output element; a cell's own reduction (a layer norm's sum) runs serially
-    inside its thread (its reduce loops are innermost, as te.create_prim_func makes them)."""
+    """One thread per output element; any reduction of the block runs serially inside its thread
+    (its reduce loops are innermost, as te.create_prim_func makes them)."""
     loops = sch.get_loops(block)
     reduce = sum(iv.iter_type == IterVar.CommReduce for iv in sch.get(block).iter_vars)
     fused = sch.fuse(*loops[: len(loops) - reduce])
     bx, tx = sch.split(fused, [None, threads])
     sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+
+
+def bind_reduction(sch: Schedule, block, threads: int) -> None:
+    """A cell's own reduction (a layer norm's sum over a row): a thread block an output, its
+    threads (up to ``threads``, a warp at least) striding over the reduced elements, their partial
+    results combined by a warp/block all-reduce (TVM's cross-thread reduction). Its reduce loops
+    are innermost, as te.create_prim_func makes them."""
+    loops = sch.get_loops(block)
+    reduce = sum(iv.iter_type == IterVar.CommReduce for iv in sch.get(block).iter_vars)
+    spatial, reduced = loops[: len(loops) - reduce], loops[len(loops) - reduce:]
+    elements = 1
+    for loop in reduced:
+        elements *= sch.get(loop).extent.value
+    width = min(threads, max(WARP, _pow2_at_least(elements)))
+    _, tx = sch.split(sch.fuse(*reduced) if len(reduced) > 1 else reduced[0], [None, width])
+    if spatial:
+        sch.bind(sch.fuse(*spatial) if len(spatial) > 1 else spatial[0], "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
 
 
@@ -715,7 +737,8 @@ def schedule_transpose(sch: Schedule, block) -> bool:
     sch.reverse_compute_at(tile, tiles)
     # the copy's loops span the tile's part of the output, fewer than 32 where K or N is (24 x 24:
     # 8 x 24 threads bound to the block's 256 read past the tile on an H100); one loop over the
-    # part, split by the block's threads, guards any size
-    _, thread = sch.split(sch.fuse(*sch.get_loops(tile)[-2:]), [None, TRANSPOSE_TILE * TRANSPOSE_ROWS])
+    # part, split by the block's threads, guards any size (a part of one row or column has one loop)
+    copy = sch.get_loops(tile)[1:]
+    _, thread = sch.split(sch.fuse(*copy) if len(copy) > 1 else copy[0], [None, TRANSPOSE_TILE * TRANSPOSE_ROWS])
     sch.bind(thread, "threadIdx.x")
     return True

@@ -13,7 +13,7 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 
 from .cpu import CpuStepLoop, parallel_rows
-from .cuda import CudaStepLoop, bind_flat, gemm_tiled, step_tile
+from .cuda import CudaStepLoop, bind_flat, bind_reduction, gemm_tiled, step_tile
 from .recipe import child_blocks, inline_elementwise, is_pure_copy, is_reduction, merge_next_states
 
 
@@ -67,7 +67,7 @@ class CudaGreedyDecode(CudaStepLoop):
                 if epilogue is not None:
                     sch.reverse_compute_inline(epilogue)
             for block in merge_next_states(sch, sch.get_sblock(scope), others):
-                (_row_reduction if is_reduction(sch, block) else bind_flat)(sch, block, k["threads"])
+                (bind_reduction if is_reduction(sch, block) else bind_flat)(sch, block, k["threads"])
         for block in _packing(sch):
             bind_flat(sch, block, k["threads"])
         return sch
@@ -92,13 +92,6 @@ def _packing(sch: Schedule) -> list:
     root = sch.get_sblock("root")
     inline_elementwise(sch, root)
     return sch.get_child_blocks(root)
-
-
-def _row_reduction(sch: Schedule, block, threads: int) -> None:
-    """A reduction along each row: a block a row, its threads share the row and combine their results."""
-    row, k = sch.get_loops(block)
-    sch.bind(row, "blockIdx.x")
-    sch.bind(sch.split(k, [None, threads])[1], "threadIdx.x")
 
 
 def recipe_for(target):

@@ -6,7 +6,7 @@ import pytest
 import halstm
 from conftest import TOLERANCE, random_inputs, rel_err, upcast
 
-CELLS = [halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU]
+CELLS = [halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU, halstm.LayerNormLSTM, halstm.LayerNormGRU]
 # (T, B, I, H): single step, single row, sizes that are not multiples of the SIMD width or tiles
 SHAPES = [(1, 1, 3, 5), (7, 1, 10, 13), (5, 3, 17, 24), (4, 6, 33, 40)]
 

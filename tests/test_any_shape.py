@@ -1,0 +1,57 @@
+"""Every built-in cell at any shape on CUDA: T=B=I=H=1 and odd sizes, in each dtype, with whichever
+recipe applies. A recipe that cannot serve a shape says so through ``is_applicable``, never by a
+TVM error; the GPU test runs what applies against float64."""
+
+import numpy as np
+import pytest
+
+import halstm
+from conftest import TOLERANCE, gpu_available, random_inputs, rel_err, upcast
+from halstm import schedules
+from halstm.cells import BUILTIN
+from halstm.targets import CudaTarget
+
+H100 = CudaTarget("sm_90", sms=132)
+SHAPES = [(1, 1, 1, 1), (37, 3, 19, 333)]  # T, B, I, H
+DTYPES = ["float32", "float16", "bfloat16"]
+CUDA_RECIPES = [r for r in schedules.BUILTIN if r.name.startswith("cuda")]
+shape_id = "T{}-B{}-I{}-H{}".format
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: shape_id(*s))
+@pytest.mark.parametrize("recipe", CUDA_RECIPES, ids=lambda r: r.name)
+@pytest.mark.parametrize("cell_type", BUILTIN.values(), ids=lambda c: c.__name__)
+def test_each_recipe_schedules_or_declines(cell_type, recipe, shape):
+    """Scheduling (not building: that is the GPU test's) at the degenerate and the odd shape, fp32
+    and fp16 (the tensor-core paths): the CUDA recipes failed in ``fuse`` at T=B=I=H=1."""
+    T, B, I, H = shape
+    cell = cell_type(I, H)
+    for dtype in ("float32", "float16"):
+        program = halstm.lower(cell, T, B, dtype)
+        if not recipe.is_applicable(program, H100):
+            assert recipe.name == "cuda-persistent", f"the step loop serves every cell ({cell!r}, {dtype})"
+            continue
+        knobs = recipe.resolve(program, H100, None)
+        layout = recipe.layout(program, H100, knobs)
+        if layout != program.layout:
+            program = halstm.lower(cell, T, B, dtype, layout=layout)
+        assert recipe.apply(program, H100, **knobs) is not None, (cell, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: shape_id(*s))
+@pytest.mark.parametrize("cell_type", BUILTIN.values(), ids=lambda c: c.__name__)
+def test_any_shape_matches_reference_on_gpu(cell_type, shape, dtype, rng):
+    torch = pytest.importorskip("torch")
+    T, B, I, H = shape
+    cell = cell_type(I, H)
+    f = halstm.compile(cell, T, B, dtype, target=CudaTarget.detect(), database=False)
+    x, params, states = random_inputs(cell, T, B, rng, dtype)
+    to_gpu = lambda a: torch.from_numpy(np.asarray(a, np.float32)).to(getattr(torch, dtype)).cuda()
+    y, final = f(to_gpu(x), {k: to_gpu(v) for k, v in params.items()}, {k: to_gpu(v) for k, v in states.items()})
+    want_y, want_states = halstm.reference(cell, np.asarray(x, np.float64), upcast(params), upcast(states))
+    assert rel_err(y.float().cpu().numpy(), want_y) < TOLERANCE[dtype], f.recipe.name
+    for s in cell.states:
+        assert rel_err(final[s].float().cpu().numpy(), want_states[s]) < TOLERANCE[dtype], (s, f.recipe.name)
