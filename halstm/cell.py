@@ -7,12 +7,19 @@ placeholders and returns the expression graph that the planner, the lowering and
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 from tvm import te
 
 from .ops import tracing
+
+# Tracing a cell (``ops.tracing``'s tracer stack, TVM's te tag scope), the recipes' per-program
+# caches and building go through process-wide state: ``trace`` holds this lock, and so do
+# ``halstm.compile`` and ``compile_backward`` throughout. Re-entrant: they trace while holding it,
+# and ``halstm.nn``'s cache holds it across its lookup and the compile that fills it.
+BUILD_LOCK = threading.RLock()
 
 
 class Params(dict):
@@ -109,12 +116,14 @@ def placeholders(cell: Cell, batch: int, dtype="float32"):
 
 
 def trace(cell: Cell, x, states, params, tracer=None) -> Trace:
-    """Run ``cell.step`` on the given tensors; ``tracer`` decides what each matmul becomes."""
-    if tracer is None:
-        out = cell.step(params, x, *states)
-    else:
-        with tracing(tracer):
+    """Run ``cell.step`` on the given tensors; ``tracer`` decides what each matmul becomes. One
+    thread at a time traces (``BUILD_LOCK``)."""
+    with BUILD_LOCK:
+        if tracer is None:
             out = cell.step(params, x, *states)
+        else:
+            with tracing(tracer):
+                out = cell.step(params, x, *states)
     out = [out] if isinstance(out, te.Tensor) else list(out)
     if len(out) != len(cell.states):
         raise ValueError(

@@ -3,25 +3,19 @@
 from __future__ import annotations
 
 import functools
-import threading
 import warnings
 
 import numpy as np
 
 from halstm import schedules, targets
 
-from .cell import Cell, check_cell
+from .cell import BUILD_LOCK, Cell, check_cell
 from .database import Database, Record, best, nearest_steps, tuning_key
 from .lowering import Program, lower
 from .plan import make_plan
 from .runtime import SequenceFunction, Signature
 
 DTYPES = ("float32", "float16", "bfloat16")
-
-# Tracing a cell (``ops.tracing``'s tracer stack, TVM's te tag scope), the recipes' per-program
-# caches and building go through process-wide state: one thread at a time compiles. Re-entrant:
-# ``halstm.nn``'s cache holds it across its lookup and the compile that fills it.
-BUILD_LOCK = threading.RLock()
 
 
 def serialised(function):
@@ -49,11 +43,13 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
 ) -> CompiledCell:
     """Compile ``cell`` for sequences of ``steps`` steps and ``batch`` rows.
 
-    ``target`` is "cpu", "cuda" or a ``halstm.targets`` object; ``recipe`` a recipe (or its name)
-    from ``halstm.schedules``, ``knobs`` overrides its defaults. Given neither, the best record of
-    the tuning database (``database``: a path or ``halstm.database.Database``; False to skip it)
-    decides, for this problem or else for the same cell, batch, dtype and target at the nearest
-    sequence length; without one, the first recipe that applies with its default knobs.
+    ``target`` is "cpu", "cuda" or a ``halstm.targets`` object; ``recipe`` a ``halstm.schedules.Recipe``
+    or the name of a built-in or registered one (``halstm.schedules.register``), refused where it
+    does not apply; ``knobs`` overrides its defaults. Given neither, the best record of the tuning
+    database (``database``: a path or ``halstm.database.Database``; False to skip it) among the
+    built-in and registered recipes decides, for this problem or else for the same cell, batch, dtype
+    and target at the nearest sequence length; without one, the first built-in recipe that applies
+    with its default knobs.
     ``allow_tf32`` lets float32 GEMMs run on tensor cores as TF32 (operands rounded to 10 mantissa
     bits, as cuDNN and cuBLAS do by default; relative error ~1e-3 instead of ~1e-6) where the GPU
     has them (sm_80+). Without it, float32 stays float32-accurate: on Hopper the step loop may run
@@ -67,20 +63,20 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     plan = make_plan(cell)
     program = lower(cell, int(steps), int(batch), dtype, plan, allow_tf32=allow_tf32)
     record = None
-    if recipe is None and knobs is None and database is not False:
+    if recipe is not None:
+        recipe = schedules.named(recipe) if isinstance(recipe, str) else recipe
+        schedules.check_name(recipe)
+        if not recipe.is_applicable(program, target):
+            raise ValueError(f"recipe '{recipe.name}' does not apply to {cell!r} on {target.key}")
+    elif knobs is None and database is not False:
         record = _tuned(program, target, database)
         if record is not None:
-            recipe, knobs = record.recipe, record.knobs
+            recipe, knobs = schedules.named(record.recipe), record.knobs
     if recipe is None:
         candidates = schedules.recipes_for(program, target)
         if not candidates:
             raise ValueError(f"no built-in recipe applies to {cell!r} on {target}")
         recipe = candidates[0]
-    elif isinstance(recipe, str):
-        by_name = {r.name: r for r in schedules.BUILTIN}
-        if recipe not in by_name:
-            raise ValueError(f"unknown recipe {recipe!r}; built-in: {sorted(by_name)}")
-        recipe = by_name[recipe]
     given, knobs = knobs, recipe.resolve(program, target, knobs)
     if not recipe.runs(program, target, knobs):
         raise ValueError(f"recipe '{recipe.name}' cannot run knobs {given} for {cell!r} on {target.key}: a tile or grid "
@@ -106,7 +102,7 @@ def check_problem(cell: Cell, steps, batch, dtype) -> None:
 
 
 def _tuned(program: Program, target, database) -> Record | None:
-    """The best record for this problem among the built-in recipes (those compile can name), else
+    """The best record for this problem among the built-in and registered recipes, else
     the best at the nearest sequence length (``database.nearest_steps``), if its knobs pass the
     recipe's ``check_knobs`` here. One that does not (a stale record: another version of halstm or
     another machine wrote it; or one written by hand) is passed over with a warning, as are a
@@ -119,7 +115,7 @@ def _tuned(program: Program, target, database) -> Record | None:
                       stacklevel=4)
         return None
     key = tuning_key(program.cell, program.steps, program.batch, program.dtype, target, program.allow_tf32)
-    recipes = {r.name: r for r in schedules.BUILTIN}
+    recipes = schedules.known()
     record = best(records, key, set(recipes)) or nearest_steps(records, key, set(recipes))
     if record is None:
         return None

@@ -81,9 +81,15 @@ class Plan:
         return next(g for g in self.gemms if any(m.index == index for m in g.members))
 
     def __str__(self):
-        def describe(g: Gemm) -> str:
+        # the backward's plans (halstm.backward) also hold its GradGemms, which print themselves
+        def describe(g) -> str:
+            if not isinstance(g, Gemm):
+                return str(g)
             weights = " | ".join(m.weight for m in g.members)
             return f"{g.name} = {g.operand.op.name} @ [{weights}]^T  (N={g.rows}, K={g.depth})"
+
+        def operand(g) -> str:
+            return g.operand.op.name if isinstance(g, Gemm) else g.left
 
         lines = [f"plan for {self.cell!r}"]
         if self.hoisted:
@@ -92,7 +98,7 @@ class Plan:
         lines.append("  each step:")
         for s, stage in enumerate(self.stages, 1):
             lines += [f"    stage {s}: {describe(g)}" for g in stage]
-            later = [g.operand.op.name for g in self.stages[s]] if s < len(self.stages) else []
+            later = [operand(g) for g in self.stages[s]] if s < len(self.stages) else []
             made = ", ".join(later) if later else "next " + ", ".join(self.cell.states)
             lines.append(f"             then one fused elementwise block -> {made}")
         if not self.stages:

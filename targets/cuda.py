@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm.runtime import Executable
 from tvm.target import Target
 from tvm.tirx.build import split_host_device_mods, tir_to_runtime  # the module: tvm.tirx.build is its function
@@ -85,7 +86,7 @@ class CudaTarget:
             host_mod, device_mods = self.split(mod)
             _, finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(self.tvm_target)
             if cooperative:
-                device_mods = {t: _mark_cooperative(m) for t, m in device_mods.items()}
+                device_mods = {t: mark_cooperative(m) for t, m in device_mods.items()}
             device_mods = {t: finalize_device()(m) for t, m in device_mods.items()}
             return Executable(tir_to_runtime(finalize_host()(host_mod), device_mods, Target(self.tvm_target.host)))
 
@@ -122,11 +123,12 @@ _LOAD = re.compile(r"nvcuda::wmma::load_matrix_sync\((\w+)(\[[^\]]*\]), [^;]*\);
 
 
 def tf32_fragments(source: str) -> str:
-    """``source`` with its TF32 operand fragments declared as ``precision::tf32``: TVM 0.27 refuses
-    fp32 operand fragments, so recipes type them fp16 (schedules/wmma.py), which prints a 16x16x8
-    half fragment, a shape WMMA has for TF32 only. Each load_matrix_sync into one reads fp32 and is
-    followed by the rounding to TF32 (10 mantissa bits, to nearest) that cuBLAS and cuDNN apply; the
-    tensor cores alone would truncate."""
+    """``source`` with its TF32 operand fragments declared as ``precision::tf32``. A rewrite of the
+    generated CUDA because no IR declares a TF32 WMMA fragment: TVM 0.27 has no TF32 dtype and prints
+    a fragment's type from its buffer's, refusing fp32 operands. So recipes type them fp16
+    (schedules/wmma.py), which prints a 16x16x8 half fragment, a shape WMMA has for TF32 only. Each
+    load_matrix_sync into one reads fp32 and is followed by the rounding to TF32 (10 mantissa bits,
+    to nearest) that cuBLAS and cuDNN apply; the tensor cores alone would truncate."""
     names = {name for *_, name in _TF32_OPERAND.findall(source)}
     if not names:
         return source
@@ -210,7 +212,9 @@ template <typename V> __device__ __forceinline__ V halstm_not_sentinel(V v) {
 
 
 def with_device_helpers(source: str) -> str:
-    """``source`` with DEVICE_HELPERS before its first kernel where it calls them."""
+    """``source`` with DEVICE_HELPERS before its first kernel where it calls them. A rewrite of the
+    generated CUDA because the kernels call the helpers by name (``T.call_extern``), which TIR does not
+    define; TVM 0.27's ``T.ptx.ld.relaxed.gpu`` could now express their loads in the IR instead."""
     at = source.find('extern "C" __global__')
     return source if "halstm_" not in source or at < 0 else source[:at] + DEVICE_HELPERS + "\n" + source[at:]
 
@@ -230,13 +234,23 @@ def _rewrite_generated_source() -> None:
     tvm.register_global_func(name, postproc, override=True)
 
 
-def _mark_cooperative(mod: tvm.IRModule) -> tvm.IRModule:
-    """Flag the kernels that call grid_sync; the others (a prologue's GEMM, with more blocks than
-    can be co-resident) keep the ordinary launch, which a cooperative one would refuse."""
+def calls_grid_sync(func: tvm.tirx.PrimFunc) -> bool:
+    """Whether device function ``func`` calls ``T.cuda.grid_sync()``, which stays a call of the op
+    ``tirx.cuda.grid_sync`` through TVM 0.27's lowering up to the host/device split."""
+    grid_sync = tvm.ir.Op.get("tirx.cuda.grid_sync")
+    found = tvm_ffi.structural_walk(
+        func.body, (tvm.ir.Call, lambda call: tvm_ffi.VisitInterrupt() if call.op.same_as(grid_sync) else None))
+    return found is not None
+
+
+def mark_cooperative(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod``'s device functions, those that call grid_sync flagged for the cooperative launch; the
+    others (a prologue's GEMM, with more blocks than can be co-resident) keep the ordinary launch,
+    which a cooperative one would refuse."""
     out = tvm.IRModule({}, attrs=mod.attrs)
     for gvar, func in mod.functions.items():
         params = list(func.attrs.get("tirx.kernel_launch_params", []) if func.attrs else [])
-        if COOPERATIVE not in params and "grid_sync" in func.script():
+        if COOPERATIVE not in params and calls_grid_sync(func):
             # the runtime wants the dynamic-shared-memory tag last
             dyn = [t for t in params if "dyn_shared" in t]
             func = func.with_attr("tirx.kernel_launch_params", [t for t in params if t not in dyn] + [COOPERATIVE] + dyn)

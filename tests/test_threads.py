@@ -1,7 +1,10 @@
-"""Compiling from several threads at once: halstm.compile and halstm.nn's first use of a shape."""
+"""Compiling from several threads at once: halstm.compile, halstm.nn's first use of a shape, and
+halstm.reference tracing while others compile."""
 
 import threading
+import time
 
+import numpy as np
 import pytest
 
 import halstm
@@ -21,6 +24,18 @@ class GatedRNN(halstm.Cell):
     def step(self, p, x, h):
         f = sigmoid(linear(x, p.w_xf, p.b) + linear(h, p.w_hf))
         return f * h + (1.0 - f) * tanh(linear(x, p.w_x) + linear(f * h, p.w_h))
+
+
+class Dawdling(halstm.Cell):
+    """A cell whose step pauses between its matmuls: a thread tracing it stays mid-trace a while."""
+
+    def parameters(self):
+        return {"w_x": (self.hidden_size, self.input_size), "w_h": (self.hidden_size, self.hidden_size)}
+
+    def step(self, p, x, h):
+        gate = linear(x, p.w_x)
+        time.sleep(0.05)
+        return tanh(gate + linear(h, p.w_h))
 
 
 def run_at_once(functions):
@@ -82,3 +97,32 @@ def test_nn_compiles_a_new_shape_once_from_two_threads(monkeypatch):
             assert not isinstance(y, Exception), f"{type(y).__name__}: {y}"
             assert rel_err(y, want) < TOLERANCE["float32"]
     assert [args[0] for args in compiled] == list(range(3, 3 + ROUNDS)), "one compile a shape"
+
+
+def test_references_trace_while_other_threads_compile(rng):
+    """Two threads run halstm.reference on an LSTM again and again while another compiles a cell that
+    pauses mid-trace: tracing is one thread at a time, so no matmul goes to another thread's trace."""
+    compiling, referred = Dawdling(8, 16), halstm.LSTM(8, 16)
+    x, params, states = random_inputs(referred, 3, 2, rng)
+    want, _ = halstm.reference(referred, x, params, states)
+    done = threading.Event()
+
+    def compile_two_shapes():
+        try:
+            return [halstm.compile(compiling, steps, 2) for steps in (3, 4)]
+        finally:
+            done.set()
+
+    def refer():
+        ys = [halstm.reference(referred, x, params, states)[0]]
+        while not done.is_set():
+            ys.append(halstm.reference(referred, x, params, states)[0])
+        return ys
+
+    compiled, *referring = run_at_once([compile_two_shapes, refer, refer])
+    for result in (compiled, *referring):
+        assert not isinstance(result, Exception), f"{type(result).__name__}: {result}"
+    assert all(np.array_equal(y, want) for ys in referring for y in ys)
+    for f in compiled:
+        xs, ps, ss = random_inputs(compiling, f.program.steps, 2, rng)
+        assert rel_err(f(xs, ps, ss)[0], halstm.reference(compiling, xs, ps, ss)[0]) < TOLERANCE["float32"]
