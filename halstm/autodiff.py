@@ -273,7 +273,9 @@ class _Derivative:
             return _plus(None if da is None else da * e.b, None if db is None else e.a * db)
         if kind == "Div":
             da, db = self.of(e.a), self.of(e.b)
-            return _plus(None if da is None else da / e.b, None if db is None else -(e / e.b) * db)
+            # tirx.Div, not "/": the operator folds constants in the expression's dtype (1.0 / 48.0 in
+            # float32 is off by 1e-8), and the float64 oracle evaluates the derivative exactly
+            return _plus(None if da is None else tirx.Div(da, e.b), None if db is None else -tirx.Div(e, e.b) * db)
         if kind in ("Min", "Max"):
             da, db = self.of(e.a), self.of(e.b)
             if da is None and db is None:

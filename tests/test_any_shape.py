@@ -52,6 +52,14 @@ def test_any_shape_matches_reference_on_gpu(cell_type, shape, dtype, rng):
     to_gpu = lambda a: torch.from_numpy(np.asarray(a, np.float32)).to(getattr(torch, dtype)).cuda()
     y, final = f(to_gpu(x), {k: to_gpu(v) for k, v in params.items()}, {k: to_gpu(v) for k, v in states.items()})
     want_y, want_states = halstm.reference(cell, np.asarray(x, np.float64), upcast(params), upcast(states))
-    assert rel_err(y.float().cpu().numpy(), want_y) < TOLERANCE[dtype], f.recipe.name
-    for s in cell.states:
-        assert rel_err(final[s].float().cpu().numpy(), want_states[s]) < TOLERANCE[dtype], (s, f.recipe.name)
+    for name, got, want in [("y", y, want_y)] + [(s, final[s], want_states[s]) for s in cell.states]:
+        assert error(got.float().cpu().numpy(), want) < TOLERANCE[dtype], (name, f.recipe.name)
+
+
+def error(got, want) -> float:
+    """The relative norm error; of one value (B = H = 1), its error against the scale of the cells'
+    values (1: gates and states are bounded by about 1): one value's relative error is
+    ill-conditioned where gate terms cancel, and fp32's own rounding then passes 1e-5."""
+    if want.size > 1:
+        return rel_err(got, want)
+    return float(np.abs(got - want).max() / max(1.0, np.abs(want).max()))
