@@ -5,6 +5,7 @@ from halstm import linear, sigmoid, split, tanh
 class CoupledLSTM(halstm.Cell):
     """LSTM with coupled gates: the input gate is 1 - forget."""
     states = ("h", "c")
+    biases = ("b",)  # what halstm.nn.RNN(..., bias=False) drops
     def parameters(self):
         I, H = self.input_size, self.hidden_size
         return {"w_x": (3 * H, I), "w_h": (3 * H, H), "b": (3 * H,)}
