@@ -1,11 +1,14 @@
 """Shared helpers: fresh random inputs every run, errors as relative norms against float64."""
 
+import difflib
+import pathlib
 import subprocess
 
 import ml_dtypes
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
 TF32_TOLERANCE = 1e-3  # float32 tensors, GEMMs as TF32 (allow_tf32)
@@ -60,3 +63,40 @@ def upcast(values: dict):
 def private_tuning_database(tmp_path, monkeypatch):
     """No test reads or writes the user's tuning records."""
     monkeypatch.setenv("HALSTM_TUNING_DB", str(tmp_path / "tuning.jsonl"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite the golden IR in tests/golden/ instead of comparing against it")
+
+
+@pytest.fixture
+def golden(request):
+    """``golden(name, mod)``: ``mod`` is structurally equal (``tvm.ir.assert_structural_equal``'s check,
+    free variables mapped) to the TVMScript in tests/golden/<name>.py; with ``--update-golden``, that
+    file is rewritten from ``mod`` instead. ``mod`` is compared as printed and parsed back, as the
+    file is: printing drops details that parsing fills in its own way (a ``tvm_access_ptr``'s pointer
+    type)."""
+    update = request.config.getoption("--update-golden")
+    folder = pathlib.Path(__file__).parent / "golden"
+
+    def check(name: str, mod: tvm.IRModule) -> None:
+        path = folder / f"{name}.py"
+        text = mod.script() + "\n"
+        if update:
+            folder.mkdir(exist_ok=True)
+            path.write_text(text)
+            return
+        rerun = f"run `pytest {request.node.nodeid} --update-golden` and review the diff"
+        if not path.exists():
+            pytest.fail(f"no golden IR {path}: {rerun}", pytrace=False)
+        expected = path.read_text()
+        mismatch = tvm_ffi.get_first_structural_mismatch(tvm.script.from_source(text),
+                                                         tvm.script.from_source(expected), map_free_vars=True)
+        if mismatch is not None:
+            diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
+                                                f"golden/{name}.py", "now", n=2))
+            pytest.fail(f"the IR differs from {path} at {mismatch[0]}; if the change is meant, {rerun}:\n"
+                        f"{diff[:6000]}", pytrace=False)
+
+    return check

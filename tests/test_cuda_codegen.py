@@ -117,7 +117,16 @@ def test_default_step_tile_is_valid_and_fills_the_gpu(batch, hidden):
         assert tile.blocks(batch, 4 * hidden) >= H100.sms
 
 
-tensor_cores = pytest.mark.skipif(not tensorize_works(), reason="TVM's tensorize segfaults with this apache-tvm-ffi")
+TENSORIZE = "Schedule.tensorize does not work with this apache-tvm-ffi: pin 0.1.14.post0"
+
+
+@pytest.fixture
+def tensorize():
+    """A test of tensor-core code fails, rather than skips, where Schedule.tensorize cannot run."""
+    assert tensorize_works(), TENSORIZE
+
+
+tensor_cores = pytest.mark.usefixtures("tensorize")
 
 
 @tensor_cores
@@ -219,15 +228,15 @@ def test_tensor_core_knobs_pruned_where_they_do_not_apply():
     """fp32 never varies the WMMA knobs (on an H100 its GEMMs run on wgmma as three TF32 products,
     or on FFMA cores with tensor cores off); with tensor cores on, the FFMA knobs of the GEMMs on
     tensor cores stay at their first value (B=16: both GEMMs)."""
+    assert tensorize_works(), TENSORIZE
     recipe = CudaStepLoop()
     fp32 = halstm.lower(halstm.LSTM(64, 64), steps=2, batch=16)
     space = recipe.space(fp32, H100)
     assert all(k["tc_frags"] == 2 and k["tc_k"] == 32 for k in space)
-    assert {k["tensor_cores"] for k in space} == ({True, False} if tensorize_works() else {True})
-    if tensorize_works():
-        fp16 = halstm.lower(halstm.LSTM(64, 64), steps=2, batch=16, dtype="float16")
-        on = [k for k in recipe.space(fp16, H100) if k["tensor_cores"]]
-        assert on and all(k["block_rows"] == 64 and k["hoisted_block"] == 128 for k in on)
+    assert {k["tensor_cores"] for k in space} == {True, False}
+    fp16 = halstm.lower(halstm.LSTM(64, 64), steps=2, batch=16, dtype="float16")
+    on = [k for k in recipe.space(fp16, H100) if k["tensor_cores"]]
+    assert on and all(k["block_rows"] == 64 and k["hoisted_block"] == 128 for k in on)
 
 
 def test_importing_the_recipes_skips_tvms_intrinsic_library():
@@ -275,10 +284,9 @@ def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, pipelined_
     they stage K in the fewest tiles that fit (B=64, H=1024: 8 tiles of K=128 where the first knob
     values made 32 of K=32, in 64 blocks); both pass valid(); fp32 leaves the knobs alone; TF32's
     tiles of 16 (on WMMA: on wgmma by default) stay at most 32 too (H=1024: 32 of 32), with 4 warps."""
+    assert tensorize_works(), TENSORIZE
     recipe = CudaStepLoop()
     program = halstm.lower(halstm.LSTM(hidden, hidden), steps=2, batch=batch, dtype="float16")
-    if not tensorize_works():
-        pytest.skip("no tensor cores here")
     knobs = recipe.defaults(program, H100, WMMA)
     one_stage = {**knobs, "tc_stages": 1, **recipe._step_tensor_core_defaults(program, H100, {**knobs, "tc_stages": 1})}
     for k, want in ((knobs, (4, pipelined_k)), (one_stage, (1, bk))):
@@ -297,8 +305,7 @@ def test_step_tensor_core_defaults_cut_the_round_trips(batch, hidden, pipelined_
 def test_step_gemm_keeps_four_warps_on_narrow_tiles():
     """ResetBeforeGRU at B=256, H=1024: its second GEMM (1024 columns) narrows to 32 columns to fill
     the SMs, where 8 warps measured slower (3.52 ms against 3.14): 4 warps, K tiles of 32."""
-    if not tensorize_works():
-        pytest.skip("no tensor cores here")
+    assert tensorize_works(), TENSORIZE
     program = halstm.lower(halstm.ResetBeforeGRU(1024, 1024), steps=2, batch=256, dtype="float16")
     knobs = CudaStepLoop().defaults(program, H100, WMMA)
     assert (knobs["tc_warps_m"], knobs["tc_step_k"]) == (2, 32)
@@ -310,12 +317,11 @@ def test_step_tensor_core_knobs_pruned_where_they_do_not_fit():
     H=1024, a 64 x 64 tile with K=128 in two stages needs 70 KiB (in one, 35 KiB); one warp (B=16,
     filled to 16 x 16) prefetching K=128 holds 64 registers a thread, at the limit, and passes. (On
     wgmma, the default on an H100, these knobs change nothing and stay at their first value.)"""
+    assert tensorize_works(), TENSORIZE
     recipe = CudaStepLoop()
     small = CudaTarget("sm_90", sms=132, shared_memory=64 * 1024)
     wide = halstm.lower(halstm.LSTM(1024, 1024), steps=2, batch=256, dtype="float16")
     narrow = halstm.lower(halstm.LSTM(512, 512), steps=2, batch=16, dtype="float16")
-    if not tensorize_works():
-        pytest.skip("no tensor cores here")
     assert not recipe.valid(wide, small, recipe.resolve(wide, small, {"tc_step_k": 128, "tc_stages": 2, **WMMA}))
     assert recipe.valid(wide, small, recipe.resolve(wide, small, {"tc_step_k": 128, "tc_stages": 1, **WMMA}))
     assert recipe.valid(wide, H100, recipe.resolve(wide, H100, {"tc_step_k": 128, "tc_stages": 2, **WMMA}))
@@ -343,10 +349,9 @@ def test_hoisted_gemm_has_its_own_fragments():
     step GEMM's warps (2 x 4: 64 x 128) leave the hoisted tile's 2 x 2 warps alone. It is the default
     where the 128 x 128 grid has a block for every SM: at T=2 (512 x 4096: 128 blocks for 132 SMs)
     it stays 2 x 2 (64 x 64)."""
+    assert tensorize_works(), TENSORIZE
     recipe = CudaStepLoop()
     program = halstm.lower(halstm.LSTM(1024, 1024), steps=2, batch=256, dtype="float16")
-    if not tensorize_works():
-        pytest.skip("no tensor cores here")
     ampere = CudaTarget("sm_80", sms=132)  # WMMA's hoisted GEMM (on an H100 it runs on wgmma)
     assert recipe.defaults(program, ampere)["tc_hoisted_frags"] == 2
     longer = halstm.lower(halstm.LSTM(1024, 1024), steps=3, batch=256, dtype="float16")
@@ -488,7 +493,7 @@ def test_packing_kernels_group_the_gates_of_each_units_tile(cell, rng):
     _check_packing_kernels(program, "cuda-step-loop", rng)
 
 
-@pytest.mark.skipif(not tensorize_works(), reason="Schedule.tensorize crashes with this apache-tvm-ffi")
+@tensor_cores
 def test_packing_kernels_copy_where_every_gemm_runs_on_wgmma(rng):
     """Where the hoisted and the step GEMMs run on wgmma (TF32 here, which reads no (K, N) operand)
     the recipe packs every weight (N, K) (PackedLayout.k_major): each packing kernel is a copy,
