@@ -84,11 +84,16 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     layout = recipe.layout(program, target, knobs)
     if layout != program.layout:
         program = lower(cell, int(steps), int(batch), dtype, plan, layout, allow_tf32)
-    schedule = recipe.apply(program, target, **knobs)
-    if schedule is None:
-        raise ValueError(f"recipe '{recipe.name}' does not apply to {cell!r} on {target}")
-    module = target.build(schedule.mod, **getattr(recipe, "build_options", {}))
-    return CompiledCell(program, target, recipe, knobs, schedule, module, record)
+    from . import cache
+
+    def build():
+        schedule = recipe.apply(program, target, **knobs)
+        if schedule is None:
+            raise ValueError(f"recipe '{recipe.name}' does not apply to {cell!r} on {target}")
+        module = target.build(schedule.mod, **getattr(recipe, "build_options", {}))
+        return CompiledCell(program, target, recipe, knobs, schedule, module, record)
+
+    return cache.forward(program, target, recipe, knobs, record, build)
 
 
 def check_problem(cell: Cell, steps, batch, dtype) -> None:
@@ -130,7 +135,10 @@ def _tuned(program: Program, target, database) -> Record | None:
 class CompiledCell(SequenceFunction):
     """``halstm.compile``'s result: the sequence function with how it was made (``program``,
     ``recipe``, ``knobs``, ``schedule``: ``print(f.schedule.trace)`` lists every rewrite; ``record``:
-    the tuning record the recipe and knobs came from, None where they did not)."""
+    the tuning record the recipe and knobs came from, None where they did not; ``cached``: the
+    compiled-module cache's entry it was loaded from, None where it was built)."""
+
+    cached = None
 
     def __init__(self, program: Program, target, recipe, knobs, schedule, module, record: Record | None = None):
         super().__init__(module["main"], signature(program), target.device())

@@ -37,17 +37,24 @@ def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32",
     forward = lower(cell, int(steps), int(batch), dtype, plan)
     knobs = recipe.resolve(forward, target, knobs)
     program = lower_backward(cell, int(steps), int(batch), dtype, plan, recipe.layout(forward, target, knobs))
-    scheduled = {name: recipe.apply(p, target, **knobs) for name, p in (("bptt", program.bptt), ("weights", program.weights))}
-    functions = {name: s.mod["main"].with_attr("global_symbol", name) for name, s in scheduled.items()}
-    module = target.build(tvm.IRModule(functions), **getattr(recipe, "build_options", {}))
-    return CompiledBackward(program, target, recipe, knobs, scheduled, module)
+    from . import cache
+
+    def build():
+        scheduled = {name: recipe.apply(p, target, **knobs) for name, p in (("bptt", program.bptt), ("weights", program.weights))}
+        functions = {name: s.mod["main"].with_attr("global_symbol", name) for name, s in scheduled.items()}
+        module = target.build(tvm.IRModule(functions), **getattr(recipe, "build_options", {}))
+        return CompiledBackward(program, target, recipe, knobs, scheduled, module)
+
+    return cache.backward(program, target, recipe, knobs, build)
 
 
 class CompiledBackward:
     """``dx, dparams, dstates = f(x, params, seqs, grads)``, where ``seqs`` are the forward's state
     sequences (``CompiledCell.sequences``). NumPy arrays in, NumPy out; torch tensors in, torch out
     (shared through DLPack, as the forward). ``schedules`` holds each function's schedule by name
-    ("bptt", "weights")."""
+    ("bptt", "weights"); ``cached``: the compiled-module cache's entry, None where it was built)."""
+
+    cached = None
 
     def __init__(self, program: BackwardProgram, target, recipe, knobs, schedules: dict, module):
         self.program, self.target, self.recipe, self.knobs = program, target, recipe, knobs

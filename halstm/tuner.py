@@ -135,7 +135,8 @@ class _Worker:
         # halstm and classes pickled by reference (a cell or recipe in a test module, say) import as
         # they did there. It runs in a folder of its own: a shared one such as /tmp, first on the
         # path under `-m`, lets anyone plant a module (cloudpickle.py) that the worker would run.
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if os.path.isabs(p))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if os.path.isabs(p)),
+               "HALSTM_CACHE": "0"}  # candidates are measured once: none goes into the module cache
         self.folder = tempfile.mkdtemp(prefix="halstm-worker-")
         self.process = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env, cwd=self.folder)

@@ -61,8 +61,9 @@ def upcast(values: dict):
 
 @pytest.fixture(autouse=True)
 def private_tuning_database(tmp_path, monkeypatch):
-    """No test reads or writes the user's tuning records."""
+    """No test reads or writes the user's tuning records or compiled-module cache."""
     monkeypatch.setenv("HALSTM_TUNING_DB", str(tmp_path / "tuning.jsonl"))
+    monkeypatch.setenv("HALSTM_CACHE_DIR", str(tmp_path / "modules"))
 
 
 def pytest_addoption(parser):
