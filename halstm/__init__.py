@@ -33,9 +33,15 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
+_SUBMODULES = ("nn", "schedules", "targets")  # halstm.nn works after a plain `import halstm`
+
+
 def __getattr__(name):
-    if name not in _WHERE:
+    if name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    elif name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    else:
         raise AttributeError(f"module 'halstm' has no attribute '{name}'")
-    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
     globals()[name] = value
     return value

@@ -1,6 +1,9 @@
 """halstm.nn against torch.nn on the same state_dict: layers, directions, batch_first, lengths;
 outputs and the gradients with respect to the input, the initial states and every parameter."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -170,3 +173,11 @@ def test_gradients_match_cudnn_on_a_side_stream(ours, theirs, monkeypatch):
         backward(*reference(x2))
     stream.synchronize()
     assert same_gradients(module, reference, (x1, x2))
+
+
+def test_import_halstm_gives_nn_lazily():
+    """``import halstm`` loads neither torch nor TVM; ``halstm.nn`` then works without its own import."""
+    code = ("import sys, halstm; heavy = {'torch', 'tvm'} & set(sys.modules); "
+            "print(sorted(heavy), type(halstm.nn.LSTM(4, 8)).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.split() == ["[]", "LSTM"], out.stdout + out.stderr
