@@ -1,5 +1,6 @@
 """``halstm bench``: compile built-in cells, check them against the reference, time them side by side
-with PyTorch (nn.LSTM/nn.GRU, when installed) and a plain NumPy loop, print a table, save a plot."""
+with PyTorch (nn.LSTM/nn.GRU, when installed) and a plain NumPy loop, print a table, save a plot.
+Each contender is timed alone in a worker process of its own, so that thread pools do not fight."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,35 +98,141 @@ def torch_timer(name: str, size: int, p, x, device: str, repeat: int):
         return median_ms(run, repeat)
 
 
-def run(cell_names=DEFAULT_CELLS, shapes=DEFAULT_SHAPES, target="cpu", repeat=5, seed=None, log=print):
+def run(cell_names=DEFAULT_CELLS, shapes=DEFAULT_SHAPES, target="cpu", repeat=5, seed=None, log=print,
+        threads=None):
+    """Compile each cell at each shape, check it against the float64 reference, then time it and its
+    torch and NumPy counterparts, each in a worker process of its own (``Contender``) one after the
+    other, so that no other thread pool spins beside it; ``threads`` each (default: all cores)."""
     import numpy as np
 
     from . import cells
-    from .compiler import compile as compile_cell
     from .oracle import reference
 
+    threads = threads or len(os.sched_getaffinity(0))
     rows = []
     rng = np.random.default_rng(seed)
-    for name in cell_names:
-        for T, B, H in shapes:
-            cell = cells.BUILTIN[name](H, H)
-            params = cell.init_parameters(seed=int(rng.integers(1 << 31)))
-            x = rng.standard_normal((T, B, H)).astype(np.float32)
-            start = time.perf_counter()
-            f = compile_cell(cell, T, B, target=target)
-            compile_s = time.perf_counter() - start
-            y, _ = f(x, params)
-            y_ref, _ = reference(cell, x, params)  # the whole sequence: about a second at B=64, H=512
-            error = float(np.linalg.norm(y - y_ref) / np.linalg.norm(y_ref))
-            halstm_ms = median_ms(f.prepare(x, params), repeat)  # arguments on the device beforehand
-            torch_ms = numpy_ms = None
-            if name in ("LSTM", "GRU"):
-                numpy_ms = median_ms(lambda: numpy_loop(name, x, params), repeat)
-                torch_ms = torch_timer(name, H, params, x, f.target.kind, repeat)
-            row = Row(name, T, B, H, compile_s, error, halstm_ms, torch_ms, numpy_ms)
-            log(format_row(row))
-            rows.append(row)
+    with tempfile.TemporaryDirectory(prefix="halstm-bench-") as tmp:
+        contenders = {name: Contender(name, threads) for name in ("halstm", "torch", "numpy")}
+        try:
+            for name in cell_names:
+                for T, B, H in shapes:
+                    cell = cells.BUILTIN[name](H, H)
+                    params = cell.init_parameters(seed=int(rng.integers(1 << 31)))
+                    x = rng.standard_normal((T, B, H)).astype(np.float32)
+                    inputs, output = os.path.join(tmp, "inputs.npz"), os.path.join(tmp, "y.npy")
+                    np.savez(inputs, x=x, **{f"p_{k}": v for k, v in params.items()})
+                    job = dict(cell=name, inputs=inputs, target=getattr(target, "kind", target),
+                               repeat=repeat)
+                    compiled = contenders["halstm"].ask(op="compile", output=output, **job)
+                    y_ref, _ = reference(cell, x, params)  # the whole sequence: about a second at B=64, H=512
+                    y = np.load(output)
+                    error = float(np.linalg.norm(y - y_ref) / np.linalg.norm(y_ref))
+                    halstm_ms = contenders["halstm"].ask(op="time", **job)["ms"]
+                    torch_ms = numpy_ms = None
+                    if name in ("LSTM", "GRU"):
+                        numpy_ms = contenders["numpy"].ask(op="time", **job)["ms"]
+                        torch_ms = contenders["torch"].ask(op="time", device=compiled["device"], **job)["ms"]
+                    row = Row(name, T, B, H, compiled["compile_s"], error, halstm_ms, torch_ms, numpy_ms)
+                    log(format_row(row))
+                    rows.append(row)
+        finally:
+            for contender in contenders.values():
+                contender.close()
+    log(f"\n{timing_note(threads)}")
     return rows
+
+
+def timing_note(threads: int) -> str:
+    """The thread settings the contenders were timed with, for the output."""
+    return (f"Each contender timed alone in a process of its own, one after the other, {threads} threads "
+            f"each (TVM_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS = {threads}), "
+            f"OMP_WAIT_POLICY={worker_environment(threads)['OMP_WAIT_POLICY']}.")
+
+
+class Contender:
+    """A worker process (``python -m halstm.bench NAME``) that compiles or times one contender: halstm,
+    torch or numpy. Started on first use with ``threads`` in its environment, it answers one JSON
+    request a line with one JSON reply, so it imports its libraries once and its thread pool is the
+    only one at work while it times."""
+
+    def __init__(self, name: str, threads: int):
+        self.name, self.process = name, None
+        self.env = worker_environment(threads)
+
+    def ask(self, **request) -> dict:
+        """The worker's reply to ``request`` (with the worker's ``pid``); its error, raised."""
+        if self.process is None:
+            self.process = subprocess.Popen([sys.executable, "-m", "halstm.bench", self.name], env=self.env,
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.name} worker exited (status {self.process.wait()})")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"{self.name} worker: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+            self.process.wait()
+            self.process = None
+
+
+THREAD_VARIABLES = ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def worker_environment(threads: int) -> dict:
+    """This process's environment with ``threads`` for every pool and, unless set, OpenMP's passive
+    waiting: torch's OpenMP threads otherwise spin between parallel regions, which on a machine other
+    work shares made nn.LSTM (100,64,512) 1612 ms instead of 110-145 (2 cores, 2026-11-26). TVM's
+    pool keeps its own short spin, which yields the core: no faster without it."""
+    env = dict(os.environ, **{v: str(threads) for v in THREAD_VARIABLES})
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
+def serve(name: str) -> None:
+    """The worker's loop: a JSON request a line on stdin, a JSON reply a line on what was stdout (which
+    now goes to stderr, so that a library's own prints cannot corrupt the replies)."""
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    compiled = {}
+    for line in sys.stdin:
+        try:
+            reply = dict(_serve(name, json.loads(line), compiled), pid=os.getpid())
+        except Exception as e:  # reported to the parent, which raises it
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+def _serve(name: str, request: dict, compiled: dict) -> dict:
+    import numpy as np
+
+    with np.load(request["inputs"]) as data:
+        x = data["x"]
+        params = {k[2:]: data[k] for k in data.files if k.startswith("p_")}
+    cell, repeat = request["cell"], request["repeat"]
+    if name == "numpy":
+        return {"ms": median_ms(lambda: numpy_loop(cell, x, params), repeat)}
+    H = x.shape[2]
+    if name == "torch":
+        return {"ms": torch_timer(cell, H, params, x, request["device"], repeat)}
+    if request["op"] == "compile":  # halstm: compile and run once, for the parent's check
+        from . import cells
+        from .compiler import compile as compile_cell
+
+        start = time.perf_counter()
+        f = compile_cell(cells.BUILTIN[cell](H, H), x.shape[0], x.shape[1], target=request["target"])
+        compile_s = time.perf_counter() - start
+        compiled.clear()  # one function at a time: the one just checked is the one timed next
+        compiled[cell] = f
+        np.save(request["output"], f(x, params)[0])
+        return {"compile_s": compile_s, "device": f.target.kind}
+    return {"ms": median_ms(compiled[cell].prepare(x, params), repeat)}  # arguments on the device beforehand
 
 
 HEADER = ("| cell | T | B | I=H | compile s | rel. error | halstm ms | torch ms | NumPy ms | "
@@ -156,9 +266,10 @@ def machine() -> str:
     return f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.system()}"
 
 
-def report(rows: list[Row]) -> str:
+def report(rows: list[Row], threads: int | None = None) -> str:
     stamp = time.strftime("%Y-%m-%d")
-    lines = [f"Measured {stamp} on {machine()}; medians after warm-up, fp32, I=H.", "", HEADER]
+    note = timing_note(threads or len(os.sched_getaffinity(0)))
+    lines = [f"Measured {stamp} on {machine()}; medians after warm-up, fp32, I=H. {note}", "", HEADER]
     return "\n".join(lines + [format_row(r) for r in rows]) + "\n"
 
 
@@ -194,3 +305,7 @@ def save_png(fig, path, dpi: int) -> None:
     rgba = io.BytesIO()
     fig.savefig(rgba, format="png", dpi=dpi)
     Image.open(rgba).convert("RGB").quantize(colors=64).save(path, optimize=True)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

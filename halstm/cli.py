@@ -146,6 +146,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--shapes", nargs="+", type=_shape, default=list(bench.DEFAULT_SHAPES),
                    metavar="T,B,H", help="sequence length, batch, input=hidden size")
     b.add_argument("--repeat", type=_positive, default=5, help="timed runs per measurement (median)")
+    b.add_argument("--threads", type=_positive, default=None,
+                   help="threads for each contender, each timed in a process of its own (default: all cores)")
     b.add_argument("--out", type=Path, default=Path("bench-results"), help="where the table and plot go")
     b.set_defaults(run=_bench)
 
@@ -219,8 +221,8 @@ def _bench(args) -> int:
     _writable_folder(args.out, "--out")
     target = _target(args.target)
     print(bench.HEADER)
-    rows = bench.run(args.cells, args.shapes, target, args.repeat)
-    (args.out / "results.md").write_text(bench.report(rows))
+    rows = bench.run(args.cells, args.shapes, target, args.repeat, threads=args.threads)
+    (args.out / "results.md").write_text(bench.report(rows, args.threads))
     bench.plot(rows, args.out / "results.png")
     print(f"\nwrote {args.out / 'results.md'} and {args.out / 'results.png'}")
     return 0

@@ -1,4 +1,6 @@
-"""The benchmark's plot, as the README's first command writes it."""
+"""The benchmark as the README's first command runs it: its timing harness and its plot."""
+
+import os
 
 from PIL import Image
 
@@ -13,3 +15,29 @@ def test_plot_is_a_small_palette_png(tmp_path):
     bench.plot(rows, tmp_path / "results.png")
     image = Image.open(tmp_path / "results.png")
     assert image.mode == "P" and len(image.getcolors()) <= 64
+
+
+def test_each_contender_is_timed_in_a_process_of_its_own(monkeypatch):
+    """halstm, torch and NumPy are each timed in a worker process of their own, with the thread count
+    asked for in its environment, so that no other contender's thread pool spins while it runs."""
+    asked = []
+    ask = bench.Contender.ask
+
+    def recording_ask(self, **request):
+        reply = ask(self, **request)
+        asked.append((self.name, request["op"], reply["pid"], self.env))
+        return reply
+
+    monkeypatch.setattr(bench.Contender, "ask", recording_ask)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    lines = []
+    [row] = bench.run(["LSTM"], [(3, 2, 8)], repeat=1, seed=0, log=lines.append, threads=1)
+    assert [(name, op) for name, op, _, _ in asked] == [
+        ("halstm", "compile"), ("halstm", "time"), ("numpy", "time"), ("torch", "time")]
+    pids = {name: pid for name, _, pid, _ in asked}
+    assert len(set(pids.values())) == 3 and os.getpid() not in pids.values()
+    assert all(env[v] == "1" for *_, env in asked for v in bench.THREAD_VARIABLES)
+    assert row.error < 1e-5 and row.halstm_ms > 0 and row.numpy_ms > 0
+    assert row.torch_ms is None or row.torch_ms > 0
+    assert all(env["OMP_WAIT_POLICY"] == "PASSIVE" for *_, env in asked)
+    assert "1 threads each" in lines[-1]
