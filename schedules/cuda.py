@@ -51,7 +51,8 @@ from halstm.lowering import PackedLayout
 
 from .cuda_tensorcore import (BYTES, WARP, TensorCoreTile, fetches_its_operand, gemm_tensorcore,
                               tensor_cores_available)
-from .recipe import Recipe, child_blocks, inline_elementwise, is_pure_copy, is_reduction, merge_next_states
+from .recipe import (Recipe, child_blocks, inline_elementwise, is_pure_copy, is_reduction, merge_next_states,
+                     pow2_at_least)
 from .row_kernel import schedule_rows
 from .wgmma import WgmmaTile, gemm_wgmma, wgmma_available, wgmma_tile
 
@@ -337,7 +338,7 @@ class GemmTile:
 def step_tile(knobs: dict, batch: int) -> GemmTile:
     """The step GEMM's tile: when the batch is below the row tile, the rows shrink to the batch
     (rounded up to a power of two) with up to bm / tm row threads, so a block is not mostly idle."""
-    bm = min(knobs["block_rows"], _pow2_at_least(batch))
+    bm = min(knobs["block_rows"], pow2_at_least(batch))
     row_threads = min(knobs["block_rows"] // knobs["thread_rows"], bm)
     return GemmTile(bm, knobs["block_cols"], bm // row_threads, knobs["thread_cols"], knobs["k_chunk"])
 
@@ -596,10 +597,6 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     gemm_tiled(sch, block, step_tile(knobs, program.batch) if step else hoisted_tile(knobs), views)
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 def gemm_tiled(sch: Schedule, block, tile: GemmTile, views=()) -> None:
     """The tiled GEMM above. Operands in ``views`` (``T.match_buffer`` row blocks) are read from
     global memory, not staged: TVM 0.27's reindex gives a view's shared copy the view's symbolic
@@ -683,7 +680,7 @@ def bind_reduction(sch: Schedule, block, threads: int) -> None:
     elements = 1
     for loop in reduced:
         elements *= sch.get(loop).extent.value
-    width = min(threads, max(WARP, _pow2_at_least(elements)))
+    width = min(threads, max(WARP, pow2_at_least(elements)))
     _, tx = sch.split(sch.fuse(*reduced) if len(reduced) > 1 else reduced[0], [None, width])
     if spatial:
         sch.bind(sch.fuse(*spatial) if len(spatial) > 1 else spatial[0], "blockIdx.x")

@@ -94,6 +94,10 @@ def _among(value, candidates) -> bool:
     return any(type(value) is type(c) and value == c for c in candidates)
 
 
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
 def is_reduction(sch: Schedule, block) -> bool:
     return any(iv.iter_type == IterVar.CommReduce for iv in sch.get(block).iter_vars)
 

@@ -9,7 +9,9 @@
 
 Every block between the step's GEMMs and its next states depends on its own batch row only (a layer
 norm normalises each row), so a thread block a row computes them all, its intermediate values in
-shared memory, instead of a kernel each: LayerNormLSTM runs 3 layer norms (6 sums) a step.
+shared memory (TVM puts a __syncthreads between a write and the other threads' reads), instead of a
+kernel each. H100, fp16, T=100, I=H=512, B=16: LayerNormLSTM (3 layer norms, 6 sums a step) 1.26 ms,
+4.44 ms with a kernel for each sum and for the elementwise math.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 
 from .cuda_tensorcore import WARP
-from .recipe import is_reduction
+from .recipe import is_reduction, pow2_at_least
 
 
 def schedule_rows(sch: Schedule, blocks: list, threads: int) -> list:
@@ -39,9 +41,9 @@ def schedule_rows(sch: Schedule, blocks: list, threads: int) -> list:
         if not in_kernel(block) and all(in_kernel(c) for c in sch.get_consumers(block)):
             sch.compute_at(block, sch.get_loops(outputs[0])[0])
     members = [b for b in blocks if in_kernel(b)]
-    width = min(threads, max(WARP, _pow2_at_least(max(_row_elements(sch, b) for b in members))))
+    width = min(threads, max(WARP, pow2_at_least(max(_row_elements(sch, b) for b in members))))
     for block in members:
-        if sch.get_sref(block) != sch.get_sref(outputs[0]):  # a row's intermediate values, read by the block's other threads
+        if sch.get_sref(block) != sch.get_sref(outputs[0]):  # read by the thread block's other threads
             sch.set_scope(block, 0, "shared")
         inner = sch.get_loops(block)[1:]
         if inner:  # none: one element a row
@@ -57,6 +59,3 @@ def _row_elements(sch: Schedule, block) -> int:
         elements *= sch.get(loop).extent.value
     return elements
 
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
