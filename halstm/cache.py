@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import json
 import os
 import warnings
@@ -153,10 +152,13 @@ def _key(kind: str, programs: list, target, recipe, knobs: dict) -> dict:
 
 
 def _file_of(recipe) -> str | None:
-    try:
-        return inspect.getsourcefile(type(recipe))
-    except TypeError:  # defined where Python keeps no file
-        return None
+    """The file defining the recipe's class, from its methods' code (a class of a script that was
+    run, not imported, has no module in sys.modules); None where Python keeps no file."""
+    for value in vars(type(recipe)).values():
+        code = getattr(value, "__code__", None)
+        if code is not None and os.path.isfile(code.co_filename):
+            return code.co_filename
+    return None
 
 
 @functools.cache
