@@ -4,7 +4,7 @@ Entries live in ``$HALSTM_CACHE_DIR``, else ``$XDG_CACHE_HOME/halstm/modules`` (
 default); ``HALSTM_CACHE=0`` turns the cache off. An entry is named by the SHA-256 of its key, a
 canonical JSON of: the kind (forward or backward), the SHA-256 of the lowered, unscheduled
 program's TVMScript (the cell's expressions with T, B, dtype, sizes and weight layout: what
-``lowering.cell_hash`` hashes at T=B=1, here without its 0.3-0.4 s of parsing and printing again),
+``lowering.cell_hash`` hashes at T=B=1),
 the cell's name, T, B, dtype, sizes, ``allow_tf32``, the target (``deploy``'s sidecar fields: key,
 LLVM triple, -mcpu, -mattr, CPU extensions; GPU architecture and instruction set), the recipe's
 name and resolved knobs (a tuning record that changes them changes the key), the halstm and TVM
