@@ -61,9 +61,11 @@ def upcast(values: dict):
 
 @pytest.fixture(autouse=True)
 def private_tuning_database(tmp_path, monkeypatch):
-    """No test reads or writes the user's tuning records or compiled-module cache."""
+    """No test reads or writes the user's tuning records or compiled-module cache; the cache is off
+    but in tests/test_cache.py (storing every compile of the suite cost CI time, not coverage)."""
     monkeypatch.setenv("HALSTM_TUNING_DB", str(tmp_path / "tuning.jsonl"))
     monkeypatch.setenv("HALSTM_CACHE_DIR", str(tmp_path / "modules"))
+    monkeypatch.setenv("HALSTM_CACHE", "0")
 
 
 def pytest_addoption(parser):
