@@ -11,7 +11,7 @@ Every block between the step's GEMMs and its next states depends on its own batc
 norm normalises each row), so a thread block a row computes them all, its intermediate values in
 shared memory (TVM puts a __syncthreads between a write and the other threads' reads), instead of a
 kernel each. H100, fp16, T=100, I=H=512, B=16: LayerNormLSTM (3 layer norms, 6 sums a step) 1.26 ms,
-4.44 ms with a kernel for each sum and for the elementwise math.
+torch.compile(mode="reduce-overhead") of the same cell 1.34 ms in the same process.
 """
 
 from __future__ import annotations
