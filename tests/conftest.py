@@ -55,6 +55,21 @@ def assert_nvcc_compiles(source: str, folder, arch: str = "sm_90a") -> None:
     assert nvcc.returncode == 0, nvcc.stderr[-2000:]
 
 
+def outputs_on_gpu(f, cell, steps, batch, rng, dtype):
+    """``f`` run on the GPU on fresh random inputs beside the float64 reference: (name, got, want) for
+    the output sequence and each final state, as NumPy arrays."""
+    import torch
+
+    import halstm
+
+    x, params, states = random_inputs(cell, steps, batch, rng, dtype)
+    to_gpu = lambda a: torch.from_numpy(np.asarray(a, np.float32)).to(getattr(torch, dtype)).cuda()
+    y, final = f(to_gpu(x), {k: to_gpu(v) for k, v in params.items()}, {k: to_gpu(v) for k, v in states.items()})
+    want_y, want_states = halstm.reference(cell, np.asarray(x, np.float64), upcast(params), upcast(states))
+    got = [("y", y, want_y)] + [(s, final[s], want_states[s]) for s in cell.states]
+    return [(name, value.float().cpu().numpy(), want) for name, value, want in got]
+
+
 def upcast(values: dict):
     return {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}
 

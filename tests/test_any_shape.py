@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import halstm
-from conftest import TOLERANCE, gpu_available, random_inputs, rel_err, upcast
+from conftest import TOLERANCE, gpu_available, outputs_on_gpu, rel_err
 from halstm import schedules
 from halstm.cells import BUILTIN
 from halstm.targets import CudaTarget
@@ -44,16 +44,12 @@ def test_each_recipe_schedules_or_declines(cell_type, recipe, shape):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: shape_id(*s))
 @pytest.mark.parametrize("cell_type", BUILTIN.values(), ids=lambda c: c.__name__)
 def test_any_shape_matches_reference_on_gpu(cell_type, shape, dtype, rng):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     T, B, I, H = shape
     cell = cell_type(I, H)
     f = halstm.compile(cell, T, B, dtype, target=CudaTarget.detect(), database=False)
-    x, params, states = random_inputs(cell, T, B, rng, dtype)
-    to_gpu = lambda a: torch.from_numpy(np.asarray(a, np.float32)).to(getattr(torch, dtype)).cuda()
-    y, final = f(to_gpu(x), {k: to_gpu(v) for k, v in params.items()}, {k: to_gpu(v) for k, v in states.items()})
-    want_y, want_states = halstm.reference(cell, np.asarray(x, np.float64), upcast(params), upcast(states))
-    for name, got, want in [("y", y, want_y)] + [(s, final[s], want_states[s]) for s in cell.states]:
-        assert error(got.float().cpu().numpy(), want) < TOLERANCE[dtype], (name, f.recipe.name)
+    for name, got, want in outputs_on_gpu(f, cell, T, B, rng, dtype):
+        assert error(got, want) < TOLERANCE[dtype], (name, f.recipe.name)
 
 
 def error(got, want) -> float:

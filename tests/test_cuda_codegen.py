@@ -23,7 +23,7 @@ from halstm.schedules.cuda_persistent import _prologue_knobs
 from halstm.schedules.cuda_tensorcore import TensorCoreTile, tensorize_works
 from halstm.targets import CudaTarget
 
-from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
+from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, outputs_on_gpu, random_inputs, rel_err, upcast
 from cuda_emulator import Buffer, LazyIfThenElse, Memory, T
 
 CELLS = (halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU)
@@ -59,17 +59,12 @@ GPU_SHAPES = [(T_, B_, I_, H_), (20, 4, 32, 48), (8, 16, 64, 64), (7, 17, 20, 40
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
 def test_matches_reference_on_gpu(cell, dtype, recipe, shape, rng):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     T, B, I, H = shape
     c = cell(I, H)
     f = halstm.compile(c, T, B, dtype, target=CudaTarget.detect(), recipe=recipe)
-    x, params, states = random_inputs(c, T, B, rng, dtype)
-    to_gpu = lambda a: torch.from_numpy(np.asarray(a, np.float32)).to(getattr(torch, dtype)).cuda()
-    y, final = f(to_gpu(x), {k: to_gpu(v) for k, v in params.items()}, {k: to_gpu(v) for k, v in states.items()})
-    want_y, want_states = halstm.reference(c, np.asarray(x, np.float64), upcast(params), upcast(states))
-    assert rel_err(y.float().cpu().numpy(), want_y) < TOLERANCE[dtype]
-    for s in c.states:
-        assert rel_err(final[s].float().cpu().numpy(), want_states[s]) < TOLERANCE[dtype]
+    for name, got, want in outputs_on_gpu(f, c, T, B, rng, dtype):
+        assert rel_err(got, want) < TOLERANCE[dtype], name
 
 
 def test_each_thread_writes_back_only_its_own_register_tile():
