@@ -26,6 +26,7 @@ import hashlib
 import math
 import textwrap
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import tvm
 from tvm import te
@@ -381,6 +382,22 @@ def _view(name: str, buffer: str, row: str, rows: int, cols: int, dtype: str) ->
             f'"{dtype}", offset_factor=1)')
 
 
+class StepView(NamedTuple):
+    """Step t's rows of a sequence buffer: ``name`` is ``buffer[t * rows + ahead : ... + rows, 0:cols]``
+    (``ahead`` rows on: a next state's rows). ``str()`` is its TVMScript declaration."""
+
+    name: str
+    buffer: str
+    rows: int
+    cols: int
+    dtype: str
+    ahead: int = 0
+
+    def __str__(self) -> str:
+        first = f"t * {self.rows}" + (f" + {self.ahead}" if self.ahead else "")
+        return _view(self.name, self.buffer, first, self.rows, self.cols, self.dtype)
+
+
 @dataclass
 class Skeleton:
     """The text of a sequence function around its time loop: signature, buffers, prologue, and the
@@ -390,7 +407,7 @@ class Skeleton:
     args: list[Arg]
     allocs: list[str]
     prologue: list[str]
-    step_views: list[str]
+    step_views: list[StepView | str]
 
     def source(self, loop: str, extra_allocs: list[str] = ()) -> str:
         """The function's TVMScript with ``loop`` (written at indentation 4) after the prologue."""
@@ -407,7 +424,7 @@ def main({signature}):
 
 
 def indent(lines, n: int) -> str:
-    return textwrap.indent("\n".join(lines), " " * n)
+    return textwrap.indent("\n".join(map(str, lines)), " " * n)
 
 
 def skeleton(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayout,
@@ -428,11 +445,11 @@ def skeleton(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayou
     prologue = [] if hoisted_only else [_view(f"{s}_init", f"{s}_seq", "0", B, H, dtype) for s in cell.states]
     before_loop = _prologue(plan, T, B, dtype, layout, hoisted_only)
     prologue.append(_body(before_loop) if before_loop is not None else "T.evaluate(0)")
-    views = [_view(f"{g.name}_t", g.name, f"t * {B}", B, g.rows, ACCUMULATE) for g in plan.hoisted]
+    views = [StepView(f"{g.name}_t", g.name, B, g.rows, ACCUMULATE) for g in plan.hoisted]
     if plan.x_in_step:
-        views.append(_view("x_t", "x", f"t * {B}", B, cell.input_size, dtype))
-    views += [_view(f"{s}_t", f"{s}_seq", f"t * {B}", B, H, dtype) for s in cell.states]
-    views += [_view(f"{s}_next", f"{s}_seq", f"t * {B} + {B}", B, H, dtype) for s in cell.states]
+        views.append(StepView("x_t", "x", B, cell.input_size, dtype))
+    views += [StepView(f"{s}_t", f"{s}_seq", B, H, dtype) for s in cell.states]
+    views += [StepView(f"{s}_next", f"{s}_seq", B, H, dtype, ahead=B) for s in cell.states]
     return Skeleton(args, allocs, prologue, views)
 
 

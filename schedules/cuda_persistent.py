@@ -28,7 +28,7 @@ initial states into the sequences. Then per step and stage:
                           in registers where they fit (knob "resident_weights"); stored to shared
                           memory (store_matrix_sync)
     __syncthreads
-    fused elementwise     the expression of the cell's own block, printed from the step program, its
+    fused elementwise     the expression of the cell's own block, taken from the step program, its
                           GEMM columns read from shared memory, the S partials of each added there
     grid sync             before the next stage's GEMM and at the end of the step; or, at the end of
                           the step (knob "poll_states"), none: the next step's staging waits for
@@ -75,7 +75,9 @@ from halstm.lowering import PackedLayout
 from .cuda import (BYTES, CudaStepLoop, bind_flat, epilogue_units, hoisted_tensor_core_tile, on_wgmma,
                    schedule_gemm, schedule_transpose, split_tf32, use_tensor_cores)
 from .cuda_tensorcore import tensor_cores_available
-from .persistent_kernel import VECTOR, PersistentKernel, per_program
+from .block_gemm import VECTOR
+from .persistent_kernel import PersistentKernel
+from .step_program import per_program
 from .recipe import Recipe, child_blocks, inline_elementwise
 from .wgmma import wgmma_available
 from .wmma import FRAG
@@ -115,7 +117,7 @@ class CudaPersistent(Recipe):
     fits beside the weights (else the GEMM reads it from global memory); ``poll_states`` ends a step
     without a grid sync where the next one can wait for the states it stages (``PersistentKernel.polled``);
     ``warp_frags`` caps the 16-column fragments a warp accumulates on tensor cores (each operand
-    fragment it loads feeds that many mma; ``persistent_kernel._warp_frags`` picks them); ``resident_weights`` keeps a
+    fragment it loads feeds that many mma; ``block_gemm._warp_frags`` picks them); ``resident_weights`` keeps a
     warp's weight fragments in registers for all steps where at most MAX_RESIDENT_FRAGS fit;
     ``poll_waiters`` puts one waiter a producer before the polled staging (``poll_operand``)."""
 

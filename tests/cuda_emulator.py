@@ -186,3 +186,70 @@ class LazyIfThenElse(ast.NodeTransformer):
 def compile_text(source: str, name: str):
     """TVMScript statements compiled to run as Python, ``T.if_then_else`` lazily (``LazyIfThenElse``)."""
     return compile(ast.fix_missing_locations(LazyIfThenElse().visit(ast.parse(source))), name, "exec")
+
+
+# --- TensorIR as Python ------------------------------------------------------------------------
+_BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "FloorDiv": "//", "FloorMod": "%", "Div": "/", "LT": "<",
+           "LE": "<=", "GT": ">", "GE": ">=", "EQ": "==", "NE": "!=", "And": "and", "Or": "or"}
+_ACCESS = {1: "r", 2: "w", 3: "rw"}
+
+
+def python_expr(e) -> str:
+    """A TensorIR expression as Python over the names of ``T`` and of the buffers and variables."""
+    kind = type(e).__name__
+    if kind in ("IntImm", "FloatImm"):
+        return repr(e.value)
+    if kind == "StringImm":
+        return repr(e.value)
+    if kind == "Var":
+        return "0" if e.name == "elem_offset" else e.name  # a view's offset: views are rows of their buffer here
+    if kind in _BINARY:
+        return f"({python_expr(e.a)} {_BINARY[kind]} {python_expr(e.b)})"
+    if kind in ("Min", "Max"):
+        return f"{kind.lower()}({python_expr(e.a)}, {python_expr(e.b)})"
+    if kind == "Not":
+        return f"(not {python_expr(e.a)})"
+    if kind == "Cast":
+        return f'T.Cast("{e.ty}", {python_expr(e.value)})'
+    if kind == "Select":
+        return f"({python_expr(e.true_value)} if {python_expr(e.condition)} else {python_expr(e.false_value)})"
+    if kind == "TensorLoad":
+        return f"{e.source.name}[{', '.join(map(python_expr, e.indices))}]"
+    if kind == "Call":
+        op, args = e.op.name, list(e.args)
+        if op == "prim.if_then_else":  # lazily: the arm not taken is not read, as in TIR and CUDA
+            return f"({python_expr(args[1])} if {python_expr(args[0])} else {python_expr(args[2])})"
+        if op == "tirx.buffer_data":
+            return args[0].name
+        if op == "tirx.tvm_access_ptr":
+            return f'{python_expr(args[1])}.access_ptr("{_ACCESS[args[4].value]}", offset={python_expr(args[2])})'
+        typed = [f'"{e.ty}"'] if op in ("tirx.call_extern", "tirx.reinterpret") else []
+        return f"T.{op.split('.')[-1]}({', '.join(typed + [python_expr(a) for a in args])})"
+    raise NotImplementedError(f"the emulator cannot run {kind}: {e}")
+
+
+def python_lines(stmt) -> list[str]:
+    """A TensorIR statement as Python lines (``python_expr``); a block's own buffers (WMMA
+    fragments) allocated where it starts, its declared reads and writes left out."""
+    kind = type(stmt).__name__
+    if kind == "SeqStmt":
+        return [line for s in stmt.seq for line in python_lines(s)]
+    if kind == "For":
+        body = python_lines(stmt.body)
+        return [f"for {stmt.loop_var.name} in range({python_expr(stmt.min)}, {python_expr(stmt.min + stmt.extent)}):",
+                *("    " + line for line in body)]
+    if kind == "IfThenElse":
+        out = [f"if {python_expr(stmt.condition)}:", *("    " + line for line in python_lines(stmt.then_case))]
+        if stmt.else_case is not None:
+            out += ["else:", *("    " + line for line in python_lines(stmt.else_case))]
+        return out
+    if kind == "BufferStore":
+        return [f"{stmt.buffer.name}[{', '.join(map(python_expr, stmt.indices))}] = {python_expr(stmt.value)}"]
+    if kind == "Evaluate":
+        return [python_expr(stmt.value)]
+    if kind == "SBlockRealize":
+        block = stmt.block
+        allocs = [f"{b.name} = T.sblock_alloc_buffer(({', '.join(map(python_expr, b.shape))},))"
+                  for b in block.alloc_buffers]
+        return allocs + python_lines(block.body)
+    raise NotImplementedError(f"the emulator cannot run {kind}")

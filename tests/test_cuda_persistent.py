@@ -1,5 +1,5 @@
 """The persistent kernel's plan: operand staging, knob pruning, co-residency, code generation, and its
-step text executed thread by thread in Python (index math, races); on a GPU (``-m gpu``) results
+kernel's IR executed thread by thread in Python (index math, races); on a GPU (``-m gpu``) results
 against the float64 reference."""
 
 import dataclasses
@@ -10,11 +10,13 @@ import subprocess
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
-from cuda_emulator import Buffer, Fragment, Memory, Race, T, compile_text
+from cuda_emulator import Buffer, Fragment, Memory, Race, T, compile_text, python_expr, python_lines
 from test_custom_cell import X_IN_STEP
 from halstm.schedules import CudaPersistent
-from halstm.schedules.persistent_kernel import BlockGemm, PersistentKernel, _warp_frags
+from halstm.schedules.block_gemm import BlockGemm, _warp_frags
+from halstm.schedules.persistent_kernel import PersistentKernel
 from halstm.targets import CudaTarget
 
 import halstm
@@ -453,28 +455,49 @@ def test_register_tile_stays_in_registers(dtype, tmp_path):
     assert re.match(r"Function properties for persistent\n\s+0 bytes stack frame, 0 bytes spill", props), props[:200]
 
 
-# --- the step's text run in Python, one emulated thread at a time (tests/cuda_emulator.py) ------------------
+# --- the kernel's IR run in Python, one emulated thread at a time (tests/cuda_emulator.py) ------------------
 
-def _phases(lines):
-    """The step's top-level statements split at its syncs: (code, ends with a grid sync)."""
+def _is_sync(stmt, op: str) -> bool:
+    return isinstance(stmt, tvm.tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call) and stmt.value.op.name == op
+
+
+def _phases(stmts, unsynced=()):
+    """Top-level statements split at their syncs: (code, ends with a grid sync); the syncs at the
+    indices ``unsynced`` left out (a kernel missing them)."""
     out, current = [], []
-    for line in lines:
-        if line in ('T.tvm_storage_sync("shared")', "T.cuda.grid_sync()"):
-            out.append((compile_text("\n".join(current) or "pass", "<step>"), line.startswith("T.cuda")))
+    for n, stmt in enumerate(stmts):
+        grid = _is_sync(stmt, "tirx.cuda.grid_sync")
+        if grid or _is_sync(stmt, "tirx.tvm_storage_sync"):
+            if n in unsynced:
+                continue
+            out.append((compile_text("\n".join(current) or "pass", "<kernel>"), grid))
             current = []
         else:
-            current.append(line)
-    assert not current, "statements after the step's last grid sync"
+            current += python_lines(stmt)
+    assert not current, "statements after the last grid sync"
     return out
 
 
-def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", target=H100):
-    """Run the persistent kernel's setup and step text for every block and thread, phase by phase;
-    returns the output sequence (T, B, H) and the final states, as the compiled function does."""
+def _kernel_parts(func):
+    """(the thread variables, the "persistent" block, its statements before the time loop, the time
+    loop, the "step" block) of the persistent kernel's function."""
+    loops = []
+    tvm_ffi.structural_walk(func, (tvm.tirx.For, lambda f: loops.append(f) if f.thread_binding is not None else None))
+    bx, tx = (next(f.loop_var for f in loops if f.thread_binding.thread_tag == tag) for tag in ("blockIdx.x", "threadIdx.x"))
+    persistent = loops[-1].body.block if loops[-1].thread_binding.thread_tag == "threadIdx.x" else loops[0].body.block
+    *setup, time_loop = persistent.body.seq
+    return (bx, tx), persistent, setup, time_loop, time_loop.body.block
+
+
+def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", target=H100, unsynced=()):
+    """Run the persistent kernel's IR (setup, then the step for every t) for every block and thread,
+    phase by phase; returns the output sequence (T, B, H) and the final states, as the compiled
+    function does. ``unsynced``: step syncs left out (``_phases``)."""
     rng = np.random.default_rng(seed)
     program = halstm.lower(cell, steps=steps, batch=batch, dtype=dtype)
     kernel = PersistentKernel.plan(program, target, CudaPersistent().resolve(program, target, knobs))
     kernel.staged = staged and kernel.staged
+    (bx_var, tx_var), persistent, setup, time_loop, step = _kernel_parts(kernel.func())
     x, params, states = (upcast(d) if isinstance(d, dict) else np.float64(d)
                          for d in random_inputs(cell, steps, batch, rng))
     B, H, plan, memory = batch, cell.hidden_size, program.plan, Memory()
@@ -489,31 +512,34 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
     for s in cell.states:
         env[f"{s}0"] = Buffer(f"{s}0", states[s], memory)
         env[f"{s}_seq"] = Buffer(f"{s}_seq", seqs[s], memory)
-    for kind, name, *_ in (b for b in kernel.blocks if not isinstance(b, BlockGemm)):
-        if f"{name}" not in {f"{s}_next" for s in cell.states}:
-            env[name] = Buffer(name, np.zeros((B, H)), memory)
+    for b in kernel.blocks:
+        if not isinstance(b, BlockGemm) and b.buffer not in {f"{s}_next" for s in cell.states}:
+            env[b.buffer] = Buffer(b.buffer, np.zeros((B, H)), memory)
+    buffers = {b.name: (int(b.shape[0]), b.scope()) for b in persistent.alloc_buffers}
+    assert buffers == {n: (size, scope) for n, size, _, scope in kernel.buffers()}
     blocks = [{n: Buffer(n, np.full(size, np.nan), memory, shared=True) for n, size, _, scope in kernel.buffers()
                if scope == "shared.dyn"} for _ in range(kernel.grid)]
     registers = {n: (size, scope) for n, size, _, scope in kernel.buffers() if scope == "local" or "wmma" in scope}
 
     def run(code, t):
+        # the step's views: rows of their buffers, from the first row of their region at this step
+        first = {time_loop.loop_var.name: t}
+        views = {m.buffer.name: env[m.source.source.name].view(eval(python_expr(m.source.region[0].min), first))  # noqa: S307
+                 for m in step.match_buffers}
         for bx in range(kernel.grid):
-            views = {f"{s}_t": env[f"{s}_seq"].view(t * B) for s in cell.states}
-            views |= {f"{s}_next": env[f"{s}_seq"].view(t * B + B) for s in cell.states}
-            views |= {f"{g.name}_t": env[g.name].view(t * B) for g in plan.hoisted} | {"x_t": env["x"].view(t * B)}
             for tx in range(kernel.threads):
                 memory.who = (bx, tx)
-                # the recipe's own generated step text, run as Python
-                exec(code, {**env, **views, **blocks[bx], **threads[bx][tx], "p_bx": bx, "p_tx": tx, "t": t})  # noqa: S102
+                names = {bx_var.name: bx, tx_var.name: tx, time_loop.loop_var.name: t}
+                exec(code, {**env, **views, **blocks[bx], **threads[bx][tx], **names})  # noqa: S102
 
     # registers live across phases: one set a thread
     threads = [[{n: Fragment((size,)) if "wmma" in scope else np.zeros(size) for n, (size, scope) in registers.items()}
                 for _ in range(kernel.threads)] for _ in range(kernel.grid)]
-    for code, grid in _phases(kernel.setup()):
+    for code, grid in _phases(setup):
         memory.phase += 1
         run(code, 0)
         memory.interval += grid
-    phases = _phases(kernel.step())
+    phases = _phases(step.body.seq, unsynced)
     for t in range(steps):
         for code, grid in phases:
             memory.phase += 1
@@ -627,20 +653,21 @@ def test_emulator_finds_a_race():
     """Without the sync between the partial tiles and the math that adds them, the emulation reports
     a race."""
     B, I, H, knobs = EMULATED[0]
-    step = PersistentKernel.step
+    knobs = {"tensor_cores": False, **knobs}
+    program = _program(halstm.LSTM, batch=B, hidden=H, inputs=I)
+    kernel = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, knobs))
+    stmts = list(_kernel_parts(kernel.func())[-1].body.seq)
 
-    def racy(self):
-        lines = step(self)
-        stores = next(i for i, line in enumerate(lines) if re.match(r"\s+part\d+\[.*\] = acc", line))
-        sync = next(i for i in range(stores, len(lines)) if lines[i].startswith("T.tvm_storage_sync"))
-        return lines[:sync] + lines[sync + 1:]
+    def stores_partials(stmt):
+        found = []
+        tvm_ffi.structural_walk(stmt, (tvm.tirx.BufferStore, lambda st: found.append(st.buffer.name.startswith("part")) and None))
+        return any(found)
 
-    try:
-        PersistentKernel.step = racy
-        with pytest.raises(Race):
-            _emulate(halstm.LSTM(I, H), 2, B, {"tensor_cores": False, **knobs})
-    finally:
-        PersistentKernel.step = step
+    gemm = next(n for n, stmt in enumerate(stmts) if stores_partials(stmt))
+    sync = next(n for n in range(gemm, len(stmts)) if _is_sync(stmts[n], "tirx.tvm_storage_sync"))
+    _emulate(halstm.LSTM(I, H), 2, B, knobs)
+    with pytest.raises(Race):
+        _emulate(halstm.LSTM(I, H), 2, B, knobs, unsynced={sync})
 
 
 def test_emulator_finds_a_step_that_does_not_wait_for_the_states():
@@ -649,9 +676,12 @@ def test_emulator_finds_a_step_that_does_not_wait_for_the_states():
     B, I, H, knobs = EMULATED[0]
     poll = PersistentKernel.poll_operand
 
-    def plain(self, g, v):
-        lines = poll(self, g, v)
-        return [line.replace("t > 0", "False") for line in lines]
+    def plain(self, g, v):  # every step's staging as the first step's: plain loads
+        t, self.t = self.t, tvm.tirx.IntImm("int32", 0)
+        try:
+            poll(self, g, v)
+        finally:
+            self.t = t
 
     try:
         PersistentKernel.poll_operand = plain

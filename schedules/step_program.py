@@ -1,0 +1,154 @@
+"""The lowering's step program read as IR, for recipes that build their own kernel from it (the
+persistent kernel): its blocks in order, each step GEMM's operand (``StepGemm``), each elementwise
+block's value (``Elementwise``), the packed weights' values; found with ``isinstance`` and the block
+names the lowering gives, and rewritten by substitution (``rewrite``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm import tirx
+from tvm.ir import TensorLoad
+from tvm.s_tir import Schedule
+
+from halstm.plan import Gemm
+
+from .recipe import inline_elementwise, is_reduction
+
+@dataclass(frozen=True)
+class StepGemm:
+    """A step GEMM as the step program computes it, ``acc + operand(row, k) * weight``: the operand's
+    value over the block's variables ``row`` and ``k``; ``view``, the buffer it is where it reads one
+    as stored; ``reads_state``, whether it reads a state's view (then from the state's sequence)."""
+
+    gemm: Gemm
+    row: tirx.Var
+    k: tirx.Var
+    operand: tirx.PrimExpr
+    dtype: str
+    view: str | None
+    reads_state: bool
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """An elementwise block of the step over (B, H): it stores ``value`` at (row, unit) of ``buffer``."""
+
+    buffer: str
+    row: tirx.Var
+    unit: tirx.Var
+    value: tirx.PrimExpr
+
+    def gate_column(self, load, H: int) -> int | None:
+        """c where ``load`` reads [row, unit + c] with c a whole number of H (a gate's column of the
+        own unit), else None."""
+        if len(load.indices) != 2:
+            return None
+        row, column = load.indices
+        if not row.same_as(self.row):
+            return None
+        if column.same_as(self.unit):
+            return 0
+        if isinstance(column, tirx.Add) and column.a.same_as(self.unit) and isinstance(column.b, tirx.IntImm):
+            return column.b.value if column.b.value % H == 0 else None
+        return None
+
+    def on_chip(self, gemms: set[str], H: int) -> bool:
+        """Whether it reads the step GEMMs' results (``gemms``) only at its own row and a gate column
+        of its own unit: what a block holds of them in shared memory."""
+        return not any(load.source.name in gemms and self.gate_column(load, H) is None
+                       for load in loads(self.value))
+
+
+_cache: dict[tuple, tuple] = {}
+
+
+def per_program(what: str, program, key, compute):
+    """compute() once per program and key (the tuner checks many knob settings of one program); the
+    program is held with the result, so that its id is not reused while cached."""
+    hit = _cache.get((what, id(program), key))
+    if hit is None or hit[0] is not program:
+        if len(_cache) > 32:
+            _cache.clear()
+        hit = _cache[(what, id(program), key)] = (program, compute())
+    return hit[1]
+
+
+def step_blocks(program) -> list | None:
+    """The step's blocks in order, knob-independent: ``StepGemm`` and ``Elementwise``. None when the
+    step has math a block cannot do on its own units: a cell's own reduction, a GEMM whose columns are
+    not whole gates, a block not over (B, H), no step GEMM."""
+    return per_program("analysis", program, None, lambda: _analyse(program))[0]
+
+
+def packings(program) -> dict:
+    """By GEMM index, the step GEMMs' packed weights at (k, n) as the lowering's prologue computes
+    them: (the variables of k and n, the value), read in place of the packed copy."""
+    return per_program("analysis", program, None, lambda: _analyse(program))[1]
+
+
+def _analyse(program):
+    """(``step_blocks``, ``packings``) from one schedule of the program."""
+    sch, packings = Schedule(program.mod), {}
+    for i, gemm in enumerate(program.plan.gemms):
+        if gemm.stage > 0:
+            block = sch.get(sch.get_sblock(f"w_packed{i}"))
+            packings[i] = [iv.var for iv in block.iter_vars], block.body.value
+    return _analyse_step(program, sch), packings
+
+
+def _analyse_step(program, sch: Schedule) -> list | None:
+    H, B = program.cell.hidden_size, program.batch
+    inline_elementwise(sch, sch.get_sblock("step"))
+    gemms = {g.name: g for g in program.plan.gemms}
+    state_views = [f"{s}_t" for s in program.cell.states]
+    blocks = []
+    for b in sch.get_child_blocks(sch.get_sblock("step")):
+        block = sch.get(b)
+        ivs = [iv.var for iv in block.iter_vars]
+        store = block.body
+        if block.name_hint in gemms:
+            gemm = gemms[block.name_hint]
+            update = store.value  # lowering's _gemm: acc + operand * weight
+            if not (isinstance(update, tirx.Add) and isinstance(update.b, tirx.Mul)):
+                return None
+            operand, weight = update.b.a, update.b.b
+            if gemm.rows % H or not any(load.source.name == f"w_packed{program.plan.gemms.index(gemm)}"
+                                        for load in loads(weight)):
+                return None
+            # staged in its storage dtype: a state's fp16/bf16 copy, not its float32 view
+            if isinstance(operand, tirx.Cast) and isinstance(operand.value, TensorLoad):
+                operand = operand.value
+            as_stored = (isinstance(operand, TensorLoad) and len(operand.indices) == 2
+                         and operand.indices[0].same_as(ivs[0]) and operand.indices[1].same_as(ivs[2]))
+            reads_state = any(load.source.name in state_views for load in loads(operand))
+            blocks.append(StepGemm(gemm, ivs[0], ivs[2], operand, str(operand.ty),
+                                   operand.source.name if as_stored else None, reads_state))
+        elif is_reduction(sch, b) or [int(iv.dom.extent) for iv in block.iter_vars] != [B, H]:
+            return None
+        else:
+            blocks.append(Elementwise(store.buffer.name, ivs[0], ivs[1], store.value))
+    if not any(isinstance(b, StepGemm) for b in blocks):
+        return None  # nothing to keep on chip: the step loop runs it
+    return blocks
+
+
+def loads(expr) -> list:
+    """The buffer reads in ``expr``."""
+    found = []
+    tvm_ffi.structural_walk(expr, (TensorLoad, found.append))
+    return found
+
+
+def rewrite(expr, variables, buffers: dict):
+    """``expr`` with each (old, new) pair of ``variables`` substituted and every read moved to the
+    buffer of its name in ``buffers``."""
+
+    def var(v):
+        return next((new for old, new in variables if v.same_as(old)), v)
+
+    def read(load):
+        return buffers[load.source.name][list(load.indices)]
+
+    return tvm_ffi.structural_map(expr, [(tirx.Var, var), (TensorLoad, read)])
