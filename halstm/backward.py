@@ -11,11 +11,13 @@ forward's form, a prologue then a step, so the recipes that schedule the forward
            then the adjoints that ``halstm.autodiff`` derives from the step's expressions, where a
            recurrent GEMM G = A W^T passes dA = dG W (a GEMM with the transposed weights). It writes
            D_s[t] = G_s[t] + dS_t, and keeps for the weights each GEMM result's adjoint dG, each
-           recurrent GEMM's operand A and each elementwise parameter's adjoint.
+           recurrent GEMM's operand A, each elementwise parameter's adjoint and, where the step's
+           math reads x itself (``Plan.x_in_step``: a residual ``+ x``, a highway), the adjoint of
+           that read of the step's rows of x.
   weights  one step over all T*B rows, no recurrence. Prologue: the GEMM operands and the hoisted
            GEMMs' weights packed. Step: per GEMM dW = dG^T A; per hoisted GEMM dA = dG W, then back
            through the hoisted operand's expression to x and the parameters; the elementwise
-           parameters' adjoints summed over t.
+           parameters' adjoints summed over t; dx is the hoisted GEMMs' part plus the steps' own.
 
 ``D_s`` is float32 whatever the storage dtype; gradients come out in the storage dtype.
 """
@@ -93,7 +95,8 @@ class BackwardPlan:
     def bptt_plan(self) -> Plan:
         """The reversed loop's GEMMs as recipes read a plan: the hoisted GEMMs in its prologue, the
         forward's stages and the operands' adjoints in its step."""
-        return Plan(self.cell, self.forward.matmuls, self.forward.hoisted, [*self.forward.stages, self.each_step])
+        return Plan(self.cell, self.forward.matmuls, self.forward.hoisted, [*self.forward.stages, self.each_step],
+                    self.forward.x_in_step)
 
     def weights_plan(self) -> Plan:
         """The weights function's GEMMs, all in its step."""
@@ -104,11 +107,16 @@ class BackwardPlan:
         if self.forward.hoisted:
             lines.append("  before the reversed time loop: " + ", ".join(g.name for g in self.forward.hoisted)
                          + " recomputed over all T*B rows")
-        lines.append("  each step, t = T-1 .. 0: " + ", ".join(g.name for g in self.recurrent)
-                     + " recomputed; the step's adjoints, with")
+        recomputed = ", ".join(g.name for g in self.recurrent)
+        lines.append("  each step, t = T-1 .. 0: " + (f"{recomputed} recomputed; " if recomputed else "")
+                     + "the step's adjoints, with")
         lines += [f"    {g}" for g in self.each_step]
+        if self.forward.x_in_step:
+            lines.append("    d x_t, the adjoint of the step's own read of x -> dx_seq")
         lines.append("  after the loop, over all T*B rows:")
         lines += [f"    {g}" for g in self.after_loop]
+        if self.forward.x_in_step:
+            lines.append("    d x += dx_seq (the steps' own reads of x)")
         return "\n".join(lines)
 
 
@@ -155,9 +163,6 @@ def lower_backward(
     and the backward packs its own weights, so it needs neither that grouping nor the forward's
     (N, K) layout or its float32 split (``tf32x3``): exact float32 stays on FFMA here."""
     backward = BackwardPlan(plan or make_plan(cell))
-    if backward.forward.x_in_step:
-        raise ValueError(f"{cell.name}.step reads x outside a matmul: its backward is not built yet "
-                         "(the adjoint of x would have a term from the step's math besides the hoisted GEMMs')")
     layout = PackedLayout(tile=layout.tile) if layout else PackedLayout()
     bptt, kept = _bptt(backward, steps, batch, dtype, layout)
     weights = _weights(backward, steps, batch, dtype, layout, kept)
@@ -170,6 +175,11 @@ def _numel(shape) -> int:
 
 def _param_args(cell: Cell, dtype: str) -> list[Arg]:
     return [Arg(n, tuple(shape), dtype, "param") for n, shape in cell.parameters().items()]
+
+
+def _x_in_step_args(forward: Plan, T: int, B: int) -> list[Arg]:
+    """``dx_seq``, the adjoint of the steps' own reads of x (``Plan.x_in_step``), where there are any."""
+    return [Arg("dx_seq", (T * B, forward.cell.input_size), ACCUMULATE, "buffer")] if forward.x_in_step else []
 
 
 def _function(plan: Plan, steps, batch, dtype, layout, frame: Skeleton, loop: str) -> Program:
@@ -190,6 +200,7 @@ def _bptt(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) 
     args += [Arg(f"d{g.name}_seq", (T * B, g.rows), ACCUMULATE, "buffer") for g in forward.gemms]
     args += [Arg(f"a_{g.name}_seq", (T * B, g.depth), ACCUMULATE, "buffer") for _, g in recurrent]
     args += [Arg(f"d{p}_seq", (T, _numel(cell.parameters()[p])), ACCUMULATE, "buffer") for p in kept]
+    args += _x_in_step_args(forward, T, B)
     allocs = [f'{g.name} = T.alloc_buffer(({T * B}, {g.rows}), "{ACCUMULATE}")' for g in forward.hoisted]
     allocs += [f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")' for i, g in recurrent]
     allocs += [f'w_packed_t{i} = T.alloc_buffer({layout.shape(g.rows, g.depth)}, "{dtype}")' for i, g in recurrent]
@@ -198,6 +209,9 @@ def _bptt(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) 
     prologue.append(_body(_bptt_prologue(plan, T, B, dtype, layout)))
     row, t = f"({T - 1} - t) * {B}", f"{T - 1} - t"
     views = [_view(f"{g.name}_t", g.name, row, B, g.rows, ACCUMULATE) for g in forward.hoisted]
+    if forward.x_in_step:
+        views += [_view("x_t", "x", row, B, cell.input_size, dtype),
+                  _view("dx_t", "dx_seq", row, B, cell.input_size, ACCUMULATE)]
     views += [_view(f"{s}_t", f"{s}_seq", row, B, H, dtype) for s in cell.states]
     views += [_view(f"g{s}_t", f"g{s}_seq", row, B, H, dtype) for s in cell.states]
     views += [_view(f"d{s}_next", f"d{s}_seq", f"{row} + {B}", B, H, ACCUMULATE) for s in cell.states]
@@ -245,7 +259,9 @@ def _bptt_step(plan: BackwardPlan, B: int, dtype: str, layout: PackedLayout) -> 
 
     rules = {step.gemms[g.name].op: operand_rule(g) for g in plan.recurrent}
     results = [step.x_proj[g.name] if g.stage == 0 else step.gemms[g.name] for g in forward.gemms]
-    found = adjoints(step.traced.next_states, d_next, [*results, *step.states, *step.params.values()], rules)
+    x_t = [step.x] if step.x is not None else []  # the step's rows of x, where its math reads x itself
+    found = adjoints(step.traced.next_states, d_next, [*results, *step.states, *step.params.values(), *x_t], rules)
+    d_x_t, found = (found[-1:], found[:-1]) if x_t else ([], found)
     d_results, found = found[: len(results)], found[len(results):]
     d_states, d_params = found[: len(step.states)], dict(zip(step.params, found[len(step.states):]))
     kept = [p for p, d in d_params.items() if d is not None]
@@ -257,6 +273,7 @@ def _bptt_step(plan: BackwardPlan, B: int, dtype: str, layout: PackedLayout) -> 
     outputs += [_storage(_or_zeros(d, r), ACCUMULATE, f"d{g.name}_t") for g, r, d in zip(forward.gemms, results, d_results)]
     outputs += [_storage(step.operands[g.name], ACCUMULATE, f"a_{g.name}_t") for g in plan.recurrent]
     outputs += [_flat(d_params[p], f"d{p}_t") for p in kept]
+    outputs += [_storage(_or_zeros(d, x), ACCUMULATE, "dx_t") for x, d in zip(x_t, d_x_t)]
     inputs = [*step.inputs, *transposed.values(), *d_next, *grads]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs]), kept
 
@@ -271,6 +288,7 @@ def _weights(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayou
     args += [Arg(f"d{g.name}_seq", (T * B, g.rows), ACCUMULATE, "buffer") for g in forward.gemms]
     args += [Arg(f"a_{g.name}_seq", (T * B, g.depth), ACCUMULATE, "buffer") for g in plan.recurrent]
     args += [Arg(f"d{p}_seq", (T, _numel(shapes[p])), ACCUMULATE, "buffer") for p in kept]
+    args += _x_in_step_args(forward, T, B)
     args += [Arg("dx", (T * B, cell.input_size), dtype, "output")]
     args += [Arg(f"d{s}0", (B, H), dtype, "output") for s in cell.states]
     args += [Arg(f"d{p}", tuple(shape), dtype, "output") for p, shape in shapes.items()]
@@ -323,6 +341,7 @@ def _weights_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Packed
         if g.stage == 0
     }
     d_steps = {p: te.placeholder((T, _numel(params[p].shape)), ACCUMULATE, name=f"d{p}_seq") for p in kept}
+    d_x_steps = [te.placeholder((rows, cell.input_size), ACCUMULATE, name="dx_seq")] if forward.x_in_step else []
 
     d_operands = [_gemm(d_results[g.name], transposed[g.name], layout, g.depth, f"grad_a_{g.name}") for g in forward.hoisted]
     dx, *found = adjoints([hoisted.operands[g.name] for g in forward.hoisted], d_operands, [x, *params.values()])
@@ -331,7 +350,10 @@ def _weights_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Packed
         g.name: _gemm(by_row[g.name], packed[g.name], layout, g.depth, f"grad_w_{g.name}")
         for g in forward.gemms
     }
-    outputs = [_storage(_or_zeros(dx, x), dtype, "dx")]
+    if d_x_steps:  # the steps' own reads of x, besides the hoisted GEMMs'
+        outputs = [_total(([] if dx is None else [dx]) + d_x_steps, x.shape, dtype, "dx")]
+    else:
+        outputs = [_storage(_or_zeros(dx, x), dtype, "dx")]
     for (name, p), d in zip(params.items(), found):
         terms = [] if d is None else [d]
         terms += [_rows(d_weights[g.name], g.offset(m)) for g in forward.gemms for m in g.members if m.weight == name]
@@ -339,7 +361,7 @@ def _weights_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Packed
             terms.append(_summed_over_steps(d_steps[name], p.shape))
         outputs.append(_total(terms, p.shape, dtype, f"d{name}"))
     inputs = [x, *params.values(), *d_results.values(), *packed.values(), *transposed.values(), *d_steps.values(),
-              *by_row.values()]
+              *d_x_steps, *by_row.values()]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
