@@ -30,6 +30,9 @@ initial states into the sequences. Then per step and stage:
     __syncthreads
     fused elementwise     the expression of the cell's own block, taken from the step program, its
                           GEMM columns read from shared memory, the S partials of each added there
+    reductions            a cell's own sums over a row (a layer norm's), in rounds: the block's partial
+                          sums of its units into global memory, a grid sync, the unit groups' parts
+                          added in shared memory, where the math reads them (``PersistentKernel.reduce``)
     grid sync             before the next stage's GEMM and at the end of the step; or, at the end of
                           the step (knob "poll_states"), none: the next step's staging waits for
                           the state values themselves (``PersistentKernel.polled``)
@@ -183,9 +186,17 @@ class CudaPersistent(Recipe):
         kernels a step); strict fp32 there (FFMA in both) LSTM 6.27 / 6.65. Nor where the step loop's
         step GEMM runs on wgmma (Hopper; H100: GRU (100,256,1024) 2.078 ms against this recipe's
         2.294-2.300), exact float32 included, as three TF32 products (LSTM
-        (100,64,1024) 6.243 / 4.911, GRU 5.717 / 4.099; ResetBeforeGRU 5.005 / 7.138)."""
+        (100,64,1024) 6.243 / 4.911, GRU 5.717 / 4.099; ResetBeforeGRU 5.005 / 7.138). Nor for a
+        step with reductions of its own (a layer norm: ``PersistentKernel.reduce``), whose rounds of
+        partial sums across the grid cost a grid sync each, where the step loop's row kernel reduces
+        a row in one block (H100 fp16 T=100 H=512, ms, this recipe / the step loop: LayerNormGRU
+        B=16 1.19 / 1.18, B=64 0.91 / 1.02; LayerNormLSTM, four rounds, B=16 1.14 / 1.13, B=64
+        1.35 / 1.13)."""
         k, step_loop = self.defaults(program, target), _step_loop_defaults(program, target)
-        if PersistentKernel.plan(program, target, k).staged:
+        kernel = PersistentKernel.plan(program, target, k)
+        if kernel.reductions:
+            return False
+        if kernel.staged:
             return program.batch <= PREFERRED_MAX_BATCH
         as_run = CudaStepLoop().lowered(program, target, step_loop)  # its layout: split_tf32's
         if k["tensor_cores"]:  # streamed: first unless the step loop runs a step as one kernel or on wgmma

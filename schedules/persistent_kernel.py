@@ -8,6 +8,8 @@ computes it (``block_gemm.py``)."""
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 
 import tvm
 import tvm_ffi
@@ -21,7 +23,7 @@ from halstm.lowering import skeleton
 
 from .block_gemm import FRAG, VECTOR, BlockGemm, staged_operands
 from .cuda_tensorcore import BYTES
-from .step_program import Elementwise, StepGemm, packings, rewrite, step_blocks
+from .step_program import Elementwise, Reduction, RowMath, StepGemm, loads, packings, rewrite, step_blocks
 from .tir_build import complete, loop, named, named_buffers, nothing, round_up, sync_grid, sync_threads, when, zero
 
 # Every shared buffer's size is a multiple of this many bytes. TVM merges the shared allocations
@@ -64,6 +66,14 @@ class PersistentKernel:
     def gemms(self) -> list[BlockGemm]:
         return [b for b in self.blocks if isinstance(b, BlockGemm)]
 
+    @property
+    def reductions(self) -> list[Reduction]:
+        return [b for b in self.blocks if isinstance(b, Reduction)]
+
+    @property
+    def elementwise_blocks(self) -> list[Elementwise]:
+        return [b for b in self.blocks if isinstance(b, Elementwise)]
+
     @classmethod
     def plan(cls, program, target, knobs):
         """None when the step has math a block cannot do on its own units (see ``step_blocks``,
@@ -76,8 +86,14 @@ class PersistentKernel:
         if analysed is None:
             return None
         gemms = {b.gemm.name for b in analysed if isinstance(b, StepGemm)}
-        if not all(b.on_chip(gemms, H) for b in analysed if isinstance(b, Elementwise)):
+        reductions = [b for b in analysed if isinstance(b, Reduction)]
+        if not all(b.on_chip(gemms, {r.buffer for r in reductions}, H) for b in analysed if isinstance(b, RowMath)):
             return None
+        if reductions:  # one stage: its GEMMs, then the math and the reductions' exchanges in order
+            if len({b.gemm.stage for b in analysed if isinstance(b, StepGemm)}) > 1:
+                return None
+            analysed = ([b for b in analysed if isinstance(b, StepGemm)]
+                        + [b for b in analysed if not isinstance(b, StepGemm)])
         blocks = [BlockGemm.sized(program.plan.gemms.index(b.gemm), b, rows, b.gemm.rows // H * U, knobs, program.dtype)
                   if isinstance(b, StepGemm) else b for b in analysed]
         # the hoisted GEMMs' gate columns of the own units are prefetched with the operand
@@ -129,6 +145,10 @@ class PersistentKernel:
             out += [(a.name, a.rows * a.stride, a.dtype, "shared.dyn")
                     for a in dict.fromkeys(self.operands.values())]
         out += [(f"x_s{i}", self.rows * C, "float32", "shared.dyn") for i, _, C in self.hoisted]
+        out += [(f"{r.buffer}_s", self.rows, "float32", "shared.dyn") for r in self.reductions]
+        if self.reductions:
+            out.append(("sum_s", max(len(level) * self.rows * max(self.units, self.lanes(len(level)))
+                                     for level in self.rounds()), "float32", "shared.dyn"))
         out = [(name, round_up(size, SHARED_GRANULE // BYTES[dtype]), dtype, scope)
                for name, size, dtype, scope in out]
         # registers: the FFMA tile (the WMMA fragments: tensor_core_gemm)
@@ -157,6 +177,7 @@ class PersistentKernel:
         outputs = {f"{s}_next" for s in p.cell.states}
         allocs = [f'{b.buffer} = T.alloc_buffer(({B}, {H}), "float32")'
                   for b in self.blocks if isinstance(b, Elementwise) and b.buffer not in outputs]
+        allocs += [f'{r.buffer}_parts = T.alloc_buffer(({B}, {self.groups}), "float32")' for r in self.reductions]
         shell = tvm.script.from_source(frame.source(_TIME_LOOP, allocs))
         self.buf = named_buffers(shell)
         with IRBuilder() as builder:
@@ -210,11 +231,11 @@ class PersistentKernel:
         for i, name, C in self.hoisted:  # read after the first GEMM's syncs
             self.flat(self.rows * C, functools.partial(self.prefetch, i, name, C), STAGING_UNROLL)
         for b in self.blocks + [None]:
-            if isinstance(b, Elementwise):
+            if isinstance(b, RowMath):
                 run.append(b)
                 continue
             if run:
-                self.elementwise(run)
+                self.row_math(run)
                 stored, run = True, []
             if b is None:
                 break
@@ -502,6 +523,90 @@ class PersistentKernel:
                 T.buffer_store(self.buf[f"part{i}"], acc[p_i * tn + p_j],
                                [part * g.partial_stride + row(p_i) * g.C + column + p_j])
 
+    def row_math(self, run: list[RowMath]) -> None:
+        """A stage's elementwise blocks and reductions in order: consecutive elementwise blocks in
+        one loop (``elementwise``), consecutive reductions in rounds (``reduce``), a block barrier
+        where a reduction reads what the block's other threads wrote."""
+        for n, (reduces, blocks) in enumerate(itertools.groupby(run, lambda b: isinstance(b, Reduction))):
+            if not reduces:
+                self.elementwise(list(blocks))
+                continue
+            if n > 0:  # after elementwise blocks whose results it sums
+                sync_threads()
+            self.reduce(list(blocks))
+
+    def rounds(self, reductions: list[Reduction] | None = None) -> list[list[Reduction]]:
+        """Consecutive reductions of the step (``reductions``, or every run of them) in rounds: each
+        round those that read no reduction of a later one."""
+        if reductions is None:
+            runs = itertools.groupby(self.blocks, lambda b: isinstance(b, Reduction))
+            return [level for reduces, run in runs if reduces for level in self.rounds(list(run))]
+        out, pending = [], list(reductions)
+        while pending:
+            names = {r.buffer for r in pending}
+            out.append([r for r in pending if not _reads(r) & names])
+            pending = [r for r in pending if all(r is not done for done in out[-1])]
+        return out
+
+    def lanes(self, reductions: int) -> int:
+        """Threads that add the unit groups' partial sums of one row of one reduction (``total``):
+        the most, a power of two up to a warp, that the block's threads hold for all of a round."""
+        room = max(1, self.threads // (reductions * self.rows))
+        return min(32, 1 << (min(room, self.groups).bit_length() - 1))
+
+    def reduce(self, reductions: list[Reduction]) -> None:
+        """Consecutive reductions, in rounds (``rounds``): each block sums its own columns of its rows into the
+        round's ``parts`` (a row's partial sum a unit group, in global memory); after a grid sync,
+        each block adds the unit groups' parts of its rows into shared memory, where the step's
+        math reads them. Both sums in two passes over the block's threads, through ``sum_s``: a
+        thread a (row, unit) or (row, lane) term, then a thread a row adding them."""
+        for level in self.rounds(reductions):
+            n, rows, U = len(level), self.rows, self.units
+            scratch = self.buf["sum_s"]
+            group = self.bx if self.row_blocks == 1 else self.bx % self.groups
+
+            def unit_term(r, local, u):  # the unit's columns of every gate the reduction spans
+                row, unit = self.global_row(local), self.first_unit + u
+                return functools.reduce(operator.add, (
+                    rewrite(self.on_chip(r, local, u, gate), [(r.row, row), (r.unit, gate * self.H + unit)], self.buf)
+                    for gate in range(r.width // self.H)))
+
+            self.over_items(level, U, lambda i, r, local, u: T.buffer_store(
+                scratch, unit_term(r, local, u), [(i * rows + local) * U + u]))
+            sync_threads()
+            self.over_items(level, 1, lambda i, r, local, _: T.buffer_store(
+                self.buf[f"{r.buffer}_parts"], _sum(scratch[(i * rows + local) * U + u] for u in range(U)),
+                [self.global_row(local), group]))
+            sync_grid()
+            L = self.lanes(n)
+
+            def lane_term(r, local, lane):  # groups lane, lane + L, ...
+                parts, row = self.buf[f"{r.buffer}_parts"], self.global_row(local)
+                terms = [parts[row, lane + m * L] for m in range(self.groups // L)]
+                if self.groups % L:
+                    last = lane + self.groups // L * L
+                    terms.append(T.if_then_else(last < self.groups, parts[row, T.min(last, self.groups - 1)],
+                                                T.float32(0)))
+                return _sum(terms)
+
+            self.over_items(level, L, lambda i, r, local, lane: T.buffer_store(
+                scratch, lane_term(r, local, lane), [(i * rows + local) * L + lane]))
+            sync_threads()
+            self.over_items(level, 1, lambda i, r, local, _: T.buffer_store(
+                self.buf[f"{r.buffer}_s"], _sum(scratch[(i * rows + local) * L + lane] for lane in range(L)), [local]))
+            sync_threads()
+
+    def over_items(self, reductions: list[Reduction], per_row: int, body) -> None:
+        """``body(i, reduction i, local row, j)`` for j < ``per_row`` of every row and reduction, a
+        thread each."""
+        rows, count = self.rows * per_row, len(reductions) * self.rows * per_row
+        with loop(T.serial, -(-count // self.threads), "p_r") as r:
+            work = r * self.threads + self.tx
+            for i, reduction in enumerate(reductions):
+                with when(tirx.And(i * rows <= work, work < (i + 1) * rows)):
+                    item = work - i * rows
+                    body(i, reduction, item // per_row if per_row > 1 else item, item % per_row if per_row > 1 else 0)
+
     def elementwise(self, run: list[Elementwise]) -> None:
         """Consecutive elementwise blocks in one loop over the block's (row, unit) items: the gate
         math they share is written once per thread and the compiler computes it once."""
@@ -518,23 +623,38 @@ class PersistentKernel:
                         value = T.call_extern(self.p.dtype, "halstm_not_sentinel", value)
                     T.buffer_store(self.buf[b.buffer], value, [row, unit])
 
-    def on_chip(self, b: Elementwise, local, unit):
+    def on_chip(self, b: RowMath, local, unit, first_gate=0):
         """``b``'s value with its reads of GEMM results and of the hoisted input projection at the own
         row and a gate column of the own unit (``unit + gate * H``) moved into their shared buffers:
-        the row's place in the block (``local``), local column gate * U + the unit's place (``unit``).
-        Other input-projection reads stay global."""
+        the row's place in the block (``local``), local column gate * U + the unit's place (``unit``),
+        the gates counted from ``first_gate`` (a reduction's, over several gates); its reads of the
+        step's reductions, their sums of the row in shared memory. Other input-projection reads stay
+        global."""
         H, U = self.H, self.units
         gemms = {g.name: g for g in self.gemms}
         hoisted = {f"{name}_t": (i, C) for i, name, C in self.hoisted}
+        reductions = {r.buffer for r in self.reductions}
 
         def read(load):
             name, gate = load.source.name, b.gate_column(load, H)
+            if gate is not None:
+                gate = gate // H * U if isinstance(first_gate, int) and first_gate == 0 else (first_gate + gate // H) * U
             if name in gemms:
                 g = gemms[name]
-                return g.result(self.buf, local * g.ldc, gate // H * U, unit)
+                return g.result(self.buf, local * g.ldc, gate, unit)
             if name in hoisted and gate is not None:
                 i, C = hoisted[name]
-                return self.buf[f"x_s{i}"][local * C + gate // H * U + unit]
+                return self.buf[f"x_s{i}"][local * C + gate + unit]
+            if name in reductions:
+                return self.buf[f"{name}_s"][local]
             return load
 
         return tvm_ffi.structural_map(b.value, (TensorLoad, read))
+
+
+def _reads(r: RowMath) -> set[str]:
+    return {load.source.name for load in loads(r.value)}
+
+
+def _sum(terms):
+    return functools.reduce(operator.add, terms)

@@ -1,7 +1,8 @@
 """The lowering's step program read as IR, for recipes that build their own kernel from it (the
 persistent kernel): its blocks in order, each step GEMM's operand (``StepGemm``), each elementwise
-block's value (``Elementwise``), the packed weights' values; found with ``isinstance`` and the block
-names the lowering gives, and rewritten by substitution (``rewrite``)."""
+block's value (``Elementwise``), each sum over a row's columns (``Reduction``: a layer norm's), the
+packed weights' values; found with ``isinstance`` and the block names the lowering gives, and
+rewritten by substitution (``rewrite``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 import tvm_ffi
 from tvm import tirx
+from tvm.tirx import IterVar
 from tvm.ir import TensorLoad
 from tvm.s_tir import Schedule
 
@@ -32,8 +34,8 @@ class StepGemm:
 
 
 @dataclass(frozen=True)
-class Elementwise:
-    """An elementwise block of the step over (B, H): it stores ``value`` at (row, unit) of ``buffer``."""
+class RowMath:
+    """A block of the step that computes ``value`` at (row, unit) of the batch and of a row's columns."""
 
     buffer: str
     row: tirx.Var
@@ -54,11 +56,26 @@ class Elementwise:
             return column.b.value if column.b.value % H == 0 else None
         return None
 
-    def on_chip(self, gemms: set[str], H: int) -> bool:
+    def on_chip(self, gemms: set[str], reductions: set[str], H: int) -> bool:
         """Whether it reads the step GEMMs' results (``gemms``) only at its own row and a gate column
-        of its own unit: what a block holds of them in shared memory."""
-        return not any(load.source.name in gemms and self.gate_column(load, H) is None
+        of its own unit, and the step's reductions only at its own row: what a block holds of them
+        in shared memory."""
+        return not any((load.source.name in gemms and self.gate_column(load, H) is None)
+                       or (load.source.name in reductions
+                           and not (len(load.indices) == 1 and load.indices[0].same_as(self.row)))
                        for load in loads(self.value))
+
+
+class Elementwise(RowMath):
+    """An elementwise block of the step over (B, H): it stores ``value`` at (row, unit) of ``buffer``."""
+
+
+@dataclass(frozen=True)
+class Reduction(RowMath):
+    """A sum over a row's columns: ``buffer[row]`` is the sum of ``value`` over unit < ``width``, a
+    whole number of H (a gate's columns, or several gates')."""
+
+    width: int = 0
 
 
 _cache: dict[tuple, tuple] = {}
@@ -125,13 +142,33 @@ def _analyse_step(program, sch: Schedule) -> list | None:
             reads_state = any(load.source.name in state_views for load in loads(operand))
             blocks.append(StepGemm(gemm, ivs[0], ivs[2], operand, str(operand.ty),
                                    operand.source.name if as_stored else None, reads_state))
-        elif is_reduction(sch, b) or [int(iv.dom.extent) for iv in block.iter_vars] != [B, H]:
+        elif is_reduction(sch, b):
+            reduction = _row_sum(block, ivs, B, H)
+            if reduction is None:
+                return None
+            blocks.append(reduction)
+        elif [int(iv.dom.extent) for iv in block.iter_vars] != [B, H]:
             return None
         else:
             blocks.append(Elementwise(store.buffer.name, ivs[0], ivs[1], store.value))
     if not any(isinstance(b, StepGemm) for b in blocks):
         return None  # nothing to keep on chip: the step loop runs it
     return blocks
+
+
+def _row_sum(block, ivs, B: int, H: int) -> Reduction | None:
+    """The block as a ``Reduction``: ``R[row] = R[row] + value`` from zero, over (B, a whole number of
+    H); else None."""
+    store, init = block.body, block.init
+    kinds = [(int(iv.iter_type), int(iv.dom.extent)) for iv in block.iter_vars]
+    if len(kinds) != 2 or kinds[0] != (IterVar.DataPar, B) or kinds[1][0] != IterVar.CommReduce or kinds[1][1] % H:
+        return None
+    update = store.value
+    if not (isinstance(update, tirx.Add) and isinstance(update.a, TensorLoad)
+            and update.a.source.name == store.buffer.name and isinstance(init, tirx.BufferStore)
+            and isinstance(init.value, tirx.FloatImm) and init.value.value == 0):
+        return None
+    return Reduction(store.buffer.name, ivs[0], ivs[1], update.b, kinds[1][1])
 
 
 def loads(expr) -> list:

@@ -142,6 +142,10 @@ class T:
     def sigmoid(x):
         return 1 / (1 + math.exp(-x))
 
+    @staticmethod
+    def rsqrt(x):
+        return 1 / math.sqrt(x)
+
     # the tensor-core GEMM's block and WMMA calls (warp-wide: every lane does the whole tile here)
     sblock_alloc_buffer = Fragment
 

@@ -512,9 +512,11 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
     for s in cell.states:
         env[f"{s}0"] = Buffer(f"{s}0", states[s], memory)
         env[f"{s}_seq"] = Buffer(f"{s}_seq", seqs[s], memory)
-    for b in kernel.blocks:
-        if not isinstance(b, BlockGemm) and b.buffer not in {f"{s}_next" for s in cell.states}:
+    for b in kernel.elementwise_blocks:
+        if b.buffer not in {f"{s}_next" for s in cell.states}:
             env[b.buffer] = Buffer(b.buffer, np.zeros((B, H)), memory)
+    for r in kernel.reductions:  # the unit groups' partial sums of each row
+        env[f"{r.buffer}_parts"] = Buffer(f"{r.buffer}_parts", np.full((B, kernel.groups), np.nan), memory)
     buffers = {b.name: (int(b.shape[0]), b.scope()) for b in persistent.alloc_buffers}
     assert buffers == {n: (size, scope) for n, size, _, scope in kernel.buffers()}
     blocks = [{n: Buffer(n, np.full(size, np.nan), memory, shared=True) for n, size, _, scope in kernel.buffers()
@@ -580,6 +582,27 @@ def _check_emulation(cell, B, I, H, knobs, staged=True, **lowering):
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
 def test_emulated_step_text_matches_reference_without_races(cell, shape, staged):
     _check_emulation(cell, *shape, staged)
+
+
+@pytest.mark.parametrize("knobs", [{}, {"tensor_cores": True, "threads": 64}, {"row_blocks": 3}],
+                         ids=["ffma", "tensor-cores", "row-blocks"])
+@pytest.mark.parametrize("cell", [halstm.LayerNormLSTM, halstm.LayerNormGRU], ids=lambda c: c.__name__)
+def test_emulated_layer_norm_matches_reference_without_races(cell, knobs):
+    """A cell's own reductions (layer norms over a gate's or all gates' columns, the variance after
+    the mean): each block's partial sums of its units, exchanged through global memory across a grid
+    sync, summed in shared memory, read by the math of the block's rows."""
+    B, I, H, base = EMULATED[4] if "row_blocks" in knobs else EMULATED[0]
+    knobs = {**base, **knobs}
+    dtype = "float16" if knobs.get("tensor_cores") else "float32"
+    program = _program(cell, batch=B, hidden=H, inputs=I, dtype=dtype)
+    kernel = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {"tensor_cores": False, **knobs}))
+    assert kernel is not None and kernel.reductions
+    c = cell(I, H)
+    y, final, (x, params, states) = _emulate(c, 3, B, {"tensor_cores": False, **knobs}, dtype=dtype)
+    want_y, want_states = halstm.reference(c, x, params, states)
+    assert rel_err(y, want_y) < 1e-12
+    for s in c.states:
+        assert rel_err(final[s], want_states[s]) < 1e-12
 
 
 @pytest.mark.parametrize("cell", X_IN_STEP, ids=lambda c: c.__name__)
@@ -730,6 +753,17 @@ def test_other_knobs_match_reference_on_gpu(knobs, rng):
 @pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
 def test_tensor_cores_match_reference_on_gpu(cell, dtype, batch, hidden, knobs, rng):
     _check_on_gpu(cell(32, hidden), 20, batch, dtype, rng, knobs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("batch, hidden, knobs", [(1, 50, {}), (16, 200, {}), (64, 256, {}), (32, 256, {"row_blocks": 2, "units": 4}),
+                                                  (16, 128, {"poll_states": False})], ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cell", [halstm.LayerNormLSTM, halstm.LayerNormGRU], ids=lambda c: c.__name__)
+def test_layer_norm_matches_reference_on_gpu(cell, dtype, batch, hidden, knobs, rng):
+    """The cells' own reductions across the grid (``PersistentKernel.reduce``), T=24."""
+    _check_on_gpu(cell(32, hidden), 24, batch, dtype, rng, knobs)
 
 
 def _check_on_gpu(c, T, batch, dtype, rng, knobs=None):
