@@ -5,8 +5,9 @@ Each layer and direction runs as one compiled halstm function over the whole seq
 first use per sequence length, batch, dtype and device, then cached), called through the
 ``halstm::sequence`` op registered with ``torch.library``: tensors pass by DLPack on torch's current
 CUDA stream, and its fake implementation lets ``torch.compile`` trace around it. Multi-layer with
-dropout between layers, bidirectional, batch_first, and variable lengths (a ``lengths`` tensor or a
-``PackedSequence``) behave as in torch.
+dropout between layers, bidirectional, batch_first, unbatched (2-D) input, empty batches (nothing
+compiled), and variable lengths (a ``lengths`` tensor or a ``PackedSequence``) behave as in torch.
+Inputs, initial states and lengths are checked before anything compiles or runs.
 
 Modules train: the op's backward (``halstm::sequence_backward``, registered with
 ``torch.library.register_autograd``) runs the backward through time that ``halstm.gradients``
@@ -57,7 +58,7 @@ def sequence_op(key: str, x: torch.Tensor, states: list[torch.Tensor], params: l
 
 
 @sequence_op.register_fake
-def _(key, x, states, params):
+def _empty_sequences(key, x, states, params):
     T, B, _ = x.shape
     return [x.new_empty((T + 1, B, s.shape[-1])) for s in states]
 
@@ -145,16 +146,23 @@ class RNN(torch.nn.Module):
                 f"bidirectional={self.bidirectional}")
 
     def forward(self, input, hx=None, lengths=None):
-        """``input`` (T, B, I) (or (B, T, I) with batch_first, or a PackedSequence); ``hx`` the
-        initial states as torch lays them out ((L * D, B, H) each; a tuple for several states);
-        ``lengths`` (B,) for padded variable-length batches. Returns (output, final states)."""
+        """``input`` (T, B, I) (or (B, T, I) with batch_first, (T, I) for one sequence, or a
+        PackedSequence); ``hx`` the initial states as torch lays them out ((L * D, B, H) each, or
+        (L * D, H) for one sequence; a tuple for several states); ``lengths`` (B,) integers in
+        [1, T] for padded variable-length batches (a scalar for one sequence), on the CPU or the
+        input's device. Returns (output, final states), unbatched for unbatched input."""
         packed = isinstance(input, PackedSequence)
         if packed:
+            if lengths is not None:
+                raise ValueError("lengths: a PackedSequence carries its own lengths; pass one or the other")
             input, lengths = pad_packed_sequence(input, batch_first=self.batch_first)
+        batched = self._check_input(input)
+        if not batched:
+            input = input.unsqueeze(0 if self.batch_first else 1)
         x = input.transpose(0, 1) if self.batch_first else input
         T, B, _ = x.shape
-        lengths = None if lengths is None else torch.as_tensor(lengths, device=x.device)
-        initial = self._initial_states(hx, B, x)
+        initial = self._initial_states(hx, B, x, batched)
+        lengths = None if lengths is None else _lengths(lengths, T, (B,) if batched else (), x.device)
         finals = {s: [] for s in self.cell.states}
         for layer in range(self.num_layers):
             outputs = []
@@ -165,7 +173,8 @@ class RNN(torch.nn.Module):
                 states = [initial[s][index].contiguous() for s in cell.states]
                 params = [self._param(name + suffix, shape, x) for name, shape in cell.parameters().items()]
                 source = _reverse(x, lengths) if direction else x
-                seqs = dict(zip(cell.states, sequence_op(key, source.contiguous(), states, params)))
+                run = sequence_op if B else _empty_sequences  # an empty batch: nothing to compile or run
+                seqs = dict(zip(cell.states, run(key, source.contiguous(), states, params)))
                 out = seqs[cell.output][1:]
                 outputs.append(_reverse(out, lengths) if direction else out)
                 for s in cell.states:
@@ -179,6 +188,8 @@ class RNN(torch.nn.Module):
         if packed:
             output = pack_padded_sequence(output, lengths.cpu(), batch_first=self.batch_first, enforce_sorted=False)
         final = tuple(torch.stack(finals[s]) for s in self.cell.states)
+        if not batched:
+            output, final = output.squeeze(0 if self.batch_first else 1), tuple(f.squeeze(1) for f in final)
         return output, final[0] if len(final) == 1 else final
 
     def _param(self, name, shape, x):
@@ -186,7 +197,28 @@ class RNN(torch.nn.Module):
             return self._parameters[name]
         return x.new_zeros(shape)  # bias=False: the cell's declared bias terms are zero
 
-    def _initial_states(self, hx, B, x):
+    def _check_input(self, input) -> bool:
+        """Whether ``input`` is batched (3-D) rather than one sequence (2-D); raises ValueError for
+        another rank, a feature size other than input_size, no steps, or a dtype or device other
+        than the parameters'."""
+        if not isinstance(input, torch.Tensor) or input.dim() not in (2, 3):
+            got = f"{input.dim()}-D, shape {tuple(input.shape)}" if isinstance(input, torch.Tensor) else type(input).__name__
+            raise ValueError(f"input: expected a 3-D batch or a 2-D sequence, got {got}")
+        if input.shape[-1] != self.input_size:
+            raise ValueError(f"input: expected {self.input_size} features (input_size) in the last dimension, "
+                             f"got {input.shape[-1]} (shape {tuple(input.shape)})")
+        if input.shape[1 if self.batch_first and input.dim() == 3 else 0] == 0:
+            raise ValueError(f"input: expected a sequence length of at least 1, got 0 (shape {tuple(input.shape)})")
+        weight = next(self.parameters(), None)
+        if weight is not None and input.dtype != weight.dtype:
+            raise ValueError(f"input: expected dtype {weight.dtype} (the parameters'), got {input.dtype}")
+        if weight is not None and input.device != weight.device:
+            raise ValueError(f"input: expected device {weight.device} (the parameters'), got {input.device}")
+        return input.dim() == 3
+
+    def _initial_states(self, hx, B, x, batched):
+        """The initial states as (L * D, B, H) tensors by state name; ``hx`` is checked against
+        torch's layout (no batch dimension for unbatched input) and x's dtype and device."""
         count = self.num_layers * self.directions
         if hx is None:
             zeros = x.new_zeros((count, B, self.hidden_size))
@@ -194,10 +226,34 @@ class RNN(torch.nn.Module):
         hx = (hx,) if isinstance(hx, torch.Tensor) else tuple(hx)
         if len(hx) != len(self.cell.states):
             raise ValueError(f"hx: expected {len(self.cell.states)} tensors {self.cell.states}, got {len(hx)}")
+        shape = (count, B, self.hidden_size) if batched else (count, self.hidden_size)
+        layout = "(num_layers * num_directions, batch, hidden_size)" if batched else \
+            "(num_layers * num_directions, hidden_size) for unbatched input"
         for s, h in zip(self.cell.states, hx):
-            if tuple(h.shape) != (count, B, self.hidden_size):
-                raise ValueError(f"hx['{s}']: expected shape {(count, B, self.hidden_size)}, got {tuple(h.shape)}")
-        return dict(zip(self.cell.states, hx))
+            if tuple(h.shape) != shape:
+                raise ValueError(f"hx['{s}']: expected shape {shape} {layout}, got {tuple(h.shape)}")
+            if h.dtype != x.dtype or h.device != x.device:
+                raise ValueError(f"hx['{s}']: expected {x.dtype} on {x.device} (the input's), got {h.dtype} on {h.device}")
+        return {s: h if batched else h.unsqueeze(1) for s, h in zip(self.cell.states, hx)}
+
+
+def _lengths(lengths, T, shape, device):
+    """``lengths`` as int64 on ``device``, one per sequence, after checking them: of ``shape``, an
+    integer dtype, on the CPU or ``device``, each in [1, T] (their values unchecked while
+    ``torch.compile`` traces, which cannot branch on them); ValueError naming what is wrong."""
+    lengths = torch.as_tensor(lengths)
+    if tuple(lengths.shape) != shape:
+        raise ValueError(f"lengths: expected shape {shape} (one per sequence), got {tuple(lengths.shape)}")
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths: expected an integer dtype, got {lengths.dtype}")
+    if lengths.device.type != "cpu" and lengths.device != device:
+        raise ValueError(f"lengths: expected on the CPU or the input's device {device}, got {lengths.device}")
+    values = lengths.reshape(-1).cpu()
+    bad = [] if torch.compiler.is_compiling() else ((values < 1) | (values > T)).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"lengths: expected each in [1, {T}] (the input's sequence length), "
+                         f"got {values[bad[0]].item()} at index {bad[0]}")
+    return lengths.reshape(-1).to(device=device, dtype=torch.int64)
 
 
 def _reverse(x, lengths):
