@@ -5,7 +5,8 @@
 #   source benchmarks/gpu_setup.sh && bash benchmarks/device_check.sh [stage...]
 #
 # Stages (default: all, in this order), each writing into $OUT:
-#   tests   every GPU test (pytest -m gpu, 12 workers)                      pytest.log       ~3 min (H100)
+#   tests   every GPU test and the slow ones CI leaves out
+#           (pytest -m "gpu or slow", 12 workers)                           pytest.log       ~3 min (H100, -m gpu)
 #   sweep   the wgmma tiles (and WMMA) of the fp16 step loop; TF32 and exact
 #           fp32 against WMMA and FFMA; cuDNN                                sweep-*.md/json  (not timed whole)
 #   table   benchmarks/gpu.py on its shapes, fp16, TF32, fp32                 results.*        ~3 min (H100)
@@ -19,7 +20,7 @@ for stage in $stages; do
   echo "== $stage $(date +%T)"
   case $stage in
     tests)
-      timeout 300 python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider -p no:timeout t/ > "$out/pytest.log" 2>&1
+      timeout 600 python3 -m pytest -q -n 12 -m "gpu or slow" -p no:cacheprovider -p no:timeout t/ > "$out/pytest.log" 2>&1
       tail -1 "$out/pytest.log" ;;
     sweep)  # the wgmma tiles against auto's (wgmma.py), and WMMA with its own defaults; TF32 and exact fp32
       for case in "LSTM 100,256,1024 float16" "LSTM 100,64,2048 float16" "GRU 100,256,1024 float16"; do

@@ -38,6 +38,17 @@ def random_inputs(cell, steps, batch, rng, dtype="float32"):
     return x, params, states
 
 
+def representative(cases, ids, keep):
+    """``cases`` (tuples of argument values, named ``ids``) for ``pytest.mark.parametrize``, those not
+    named in ``keep`` marked ``slow``: CI (``-m "not slow"``) runs the representative ``keep`` of a
+    parametrisation that repeats one code path, the GPU machine (``-m "gpu or slow"``) every case."""
+    ids = list(ids)
+    unknown = set(keep) - set(ids)
+    assert not unknown, f"representative cases that are not cases: {sorted(unknown)}"
+    return [pytest.param(*case, id=name, marks=() if name in keep else pytest.mark.slow)
+            for case, name in zip(cases, ids)]
+
+
 def gpu_available() -> bool:
     """Whether TVM sees a CUDA device (the GPU tests' condition)."""
     try:

@@ -186,7 +186,15 @@ def test_derivation_matches_central_differences(cell_type, rng):
         assert abs(np.sum(grads[name] * v) - central) < 1e-6 * max(1.0, abs(central)), name
 
 
-@pytest.mark.parametrize("cell_type", CELLS, ids=lambda c: c.__name__)
+# GatedNormRNN's backward takes TVM 12-25 minutes to compile on a 2-core machine, for the CPU as for
+# CUDA (on the CPU 9 of 12 minutes in s_tir.CompactBufferAllocation, simplifying its Select-heavy
+# gradient): slow. The GPU machine compiles it and checks it against float64
+# (test_backward_on_gpu_against_float64), and runs the slow tests; CI compiles the other cells, the
+# layer-normalised ones (sums over the hidden units) among them.
+SLOW_TO_COMPILE = [pytest.param(c, marks=pytest.mark.slow) if c is GatedNormRNN else c for c in CELLS]
+
+
+@pytest.mark.parametrize("cell_type", SLOW_TO_COMPILE, ids=lambda c: c.__name__)
 def test_compiled_matches_torch_autograd_in_float32(cell_type, rng):
     cell, x, params, states, gy, finals = problem(cell_type, rng)
     forward, backward = compiled(cell_type)
@@ -281,7 +289,8 @@ def test_what_cannot_be_differentiated_is_named(cell_type, words, rng):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 @pytest.mark.parametrize("dtype, batch, hidden", [("float32", 2, 24), ("float16", 16, 32)], ids=("fp32", "fp16-B16"))
-@pytest.mark.parametrize("cell_type", CELLS[:5], ids=lambda c: c.__name__)  # GatedNormRNN's layer norm stands for the others
+# GatedNormRNN's layer norm stands for the layer-normalised cells; LayerNormLSTM's sums in CI, where it is slow
+@pytest.mark.parametrize("cell_type", SLOW_TO_COMPILE[:6], ids=lambda c: c.__name__)
 def test_backward_generates_cuda(cell_type, dtype, batch, hidden, tmp_path):
     """The CUDA step-loop recipe schedules both backward functions; nvcc compiles them. In fp16 at
     B=16 the GEMMs of fp16 operands run on tensor cores, those of the fp32 adjoints on FFMA (the

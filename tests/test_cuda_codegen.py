@@ -1,5 +1,6 @@
-"""CUDA recipes: every recipe x built-in cell x dtype generates and compiles CUDA (CPU CI, needs nvcc);
-on a GPU machine (``-m gpu``) each is checked against the float64 reference."""
+"""CUDA recipes: every recipe x built-in cell x dtype generates and compiles CUDA (needs nvcc; CPU CI
+compiles a representative 8, the rest are marked slow); on a GPU machine (``-m gpu``) each is checked
+against the float64 reference."""
 
 import ast
 import re
@@ -23,7 +24,8 @@ from halstm.schedules.cuda_persistent import _prologue_knobs
 from halstm.schedules.cuda_tensorcore import TensorCoreTile, tensorize_works
 from halstm.targets import CudaTarget
 
-from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, outputs_on_gpu, random_inputs, rel_err, upcast
+from conftest import (TOLERANCE, assert_nvcc_compiles, gpu_available, outputs_on_gpu, random_inputs, rel_err,
+                      representative, upcast)
 from cuda_emulator import Buffer, LazyIfThenElse, Memory, T
 
 CELLS = (halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU)
@@ -34,10 +36,17 @@ H100 = CudaTarget("sm_90", sms=132)
 WMMA = {"wgmma": False}  # the tests of WMMA's GEMMs (on an H100 fp16/bf16 GEMMs default to wgmma: test_wgmma.py)
 
 
+# every cell x dtype x recipe; CI compiles each recipe with each cell and each dtype once (8 of 24)
+GENERATED = [(cell, dtype, recipe) for recipe in RECIPES for dtype in DTYPES for cell in CELLS]
+GENERATED_IN_CI = {"LSTM-float32-cuda-step-loop", "GRU-float16-cuda-step-loop", "PeepholeLSTM-bfloat16-cuda-step-loop",
+                   "ResetBeforeGRU-float32-cuda-step-loop", "LSTM-float16-cuda-persistent",
+                   "GRU-bfloat16-cuda-persistent", "PeepholeLSTM-float32-cuda-persistent",
+                   "ResetBeforeGRU-float16-cuda-persistent"}
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-@pytest.mark.parametrize("recipe", RECIPES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cell, dtype, recipe", representative(
+    GENERATED, [f"{c.__name__}-{d}-{r}" for c, d, r in GENERATED], GENERATED_IN_CI))
 def test_generates_cuda(cell, dtype, recipe, tmp_path):
     """TVM without a GPU keeps the module's CUDA source (compiled when it loads): nvcc compiles it
     here for an H100, so a kernel that does not compile fails on the CPU machine."""
@@ -400,12 +409,16 @@ STEP_SETTINGS = [{}, {"tc_step_k": 64, "tc_prefetch": True}, {"tc_step_k": 16, "
 STEP_SHAPES = [(64, 1024), (20, 48), (16, 512), (17, 40)]
 STEP_CASES = [(CELLS[(i + j) % 4], ("float16", "bfloat16")[(i + j) % 2], STEP_SHAPES[i], STEP_SETTINGS[j])
               for i in range(4) for j in range(4)]
+# CI: each shape and each setting once, both dtypes (shape, setting: 0 0, 1 2, 2 1, 3 3)
+STEP_CASES_IN_CI = {"LSTM-float16-B64H1024-0", "ResetBeforeGRU-bfloat16-B20H48-2", "ResetBeforeGRU-bfloat16-B16H512-1",
+                    "PeepholeLSTM-float16-B17H40-3"}
 
 
 @tensor_cores
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-@pytest.mark.parametrize("cell, dtype, shape, knobs", STEP_CASES,
-                         ids=[f"{c.__name__}-{d}-B{s[0]}H{s[1]}-{i % 4}" for i, (c, d, s, _) in enumerate(STEP_CASES)])
+@pytest.mark.parametrize("cell, dtype, shape, knobs", representative(
+    STEP_CASES, [f"{c.__name__}-{d}-B{s[0]}H{s[1]}-{i % 4}" for i, (c, d, s, _) in enumerate(STEP_CASES)],
+    STEP_CASES_IN_CI))
 def test_step_gemm_settings_compile(cell, dtype, shape, knobs, tmp_path):
     """Each step-GEMM setting the recipe accepts generates CUDA that nvcc compiles, with the step
     GEMM on WMMA tensor cores."""
@@ -464,18 +477,27 @@ def _run_kernel(func, arrays: dict) -> None:
                 exec(code, {**env, **tiles, bx: b, tx: t})  # noqa: S102
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-@pytest.mark.parametrize("hidden", (64, 50, 24), ids=("aligned", "ragged", "below-a-tile"))
-@pytest.mark.parametrize("dtype", ("float32", "float16"))
-@pytest.mark.parametrize("cell", (halstm.LSTM, halstm.GRU, halstm.ResetBeforeGRU), ids=lambda c: c.__name__)
-def test_packed_weights_are_the_transpose(cell, dtype, hidden, recipe, rng):
+# every cell x dtype x size x recipe; CI runs each recipe at each size, with each cell and both dtypes, and
+# ResetBeforeGRU's stacked weights below a tile with both recipes (7 of 36)
+HIDDEN = {"aligned": 64, "ragged": 50, "below-a-tile": 24}
+PACKED = [(cell, dtype, size, recipe) for recipe in RECIPES for size in HIDDEN for dtype in ("float32", "float16")
+          for cell in (halstm.LSTM, halstm.GRU, halstm.ResetBeforeGRU)]
+PACKED_IN_CI = {"LSTM-float32-aligned-cuda-step-loop", "GRU-float16-ragged-cuda-step-loop",
+                "ResetBeforeGRU-float32-below-a-tile-cuda-step-loop", "GRU-float32-aligned-cuda-persistent",
+                "ResetBeforeGRU-float16-ragged-cuda-persistent", "LSTM-float32-below-a-tile-cuda-persistent",
+                "ResetBeforeGRU-float16-below-a-tile-cuda-persistent"}
+
+
+@pytest.mark.parametrize("cell, dtype, size, recipe", representative(
+    PACKED, [f"{c.__name__}-{d}-{h}-{r}" for c, d, h, r in PACKED], PACKED_IN_CI))
+def test_packed_weights_are_the_transpose(cell, dtype, size, recipe, rng):
     """Each packing kernel, lowered by TVM's CUDA pipeline and run in Python thread by thread, writes
     exactly the transpose of its weights through a shared tile: at H=50 neither K nor N is whole
     32 x 32 tiles; at H=24 a tile is more than the weight (bound to the block's threads as 8 x 24,
     its copy once read past the tile: compute-sanitizer on an H100, ResetBeforeGRU's 24 x 24
     weight); ResetBeforeGRU stacks weight_hr and weight_hz in one GEMM (an if_then_else over the
     two)."""
-    c = cell(hidden, hidden)
+    c = cell(HIDDEN[size], HIDDEN[size])
     _check_packing_kernels(halstm.lower(c, steps=2, batch=4, dtype=dtype), recipe, rng)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
+from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, representative, upcast
 from cuda_emulator import Buffer, Fragment, Memory, Race, T, compile_text, python_expr, python_lines
 from test_custom_cell import X_IN_STEP
 from halstm.schedules import CudaPersistent
@@ -255,8 +255,12 @@ def test_shared_buffers_start_32_byte_aligned():
             assert scope != "shared.dyn" or size * BYTES[dtype] % 32 == 0, name
 
 
-@pytest.mark.parametrize("sms", [132, 114, 46, 8])
-@pytest.mark.parametrize("batch, hidden", [(1, 256), (16, 512), (16, 768), (3, 50)])
+GRIDS = [(batch, hidden, sms) for sms in (132, 114, 46, 8) for batch, hidden in ((1, 256), (16, 512), (16, 768), (3, 50))]
+
+
+# CI: each size and each SM count once (4 of 16)
+@pytest.mark.parametrize("batch, hidden, sms", representative(
+    GRIDS, ["{}-{}-{}".format(*g) for g in GRIDS], {"1-256-8", "16-512-46", "16-768-114", "3-50-132"}))
 def test_grid_never_exceeds_the_sms(batch, hidden, sms):
     """One block an SM is what makes the cooperative launch legal: the defaults and every setting the
     tuner may try keep the grid within the SMs."""
@@ -419,9 +423,14 @@ def test_generates_cuda_at_the_gpu_test_sizes(cell, dtype, batch, hidden):
     _generate(cell(32, hidden), 24, batch, dtype)
 
 
+COMPILED = [(cell, dtype) for dtype in DTYPES for cell in CELLS]
+
+
+# CI: each cell once, each dtype (4 of 12)
 @NVCC
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cell, dtype", representative(
+    COMPILED, [f"{c.__name__}-{d}" for c, d in COMPILED],
+    {"LSTM-float16", "GRU-bfloat16", "PeepholeLSTM-float32", "ResetBeforeGRU-float16"}))
 def test_compiles(cell, dtype, tmp_path):
     """B=1, H=50 and 256; B=16, H=512 and 768: the persistent kernel through nvcc (one call for all)."""
     sources = [_generate(cell(hidden, hidden), 2, batch, dtype)
@@ -611,9 +620,15 @@ def test_emulated_step_that_reads_x_itself_matches_reference_without_races(cell)
     _check_emulation(cell, 3, 10, 10, {"threads": 32, "units": 5, "tile_rows": 2, "tile_cols": 2, "max_split": 4})
 
 
-@pytest.mark.parametrize("resident", [True, False], ids=["resident-weights", "weights-from-shared"])
-@pytest.mark.parametrize("shape", TENSOR_CORES, ids=lambda s: "B{}-I{}-H{}".format(*s[:3]))
-@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+RESIDENT = [(cell, shape, resident) for resident in (True, False) for shape in TENSOR_CORES for cell in CELLS]
+
+
+# CI: each cell, each shape and both weight placements (4 of 24)
+@pytest.mark.parametrize("cell, shape, resident", representative(
+    RESIDENT, ["{}-B{}-I{}-H{}-{}".format(c.__name__, *s[:3], "resident-weights" if r else "weights-from-shared")
+               for c, s, r in RESIDENT],
+    {"LSTM-B18-I20-H24-resident-weights", "GRU-B20-I7-H12-weights-from-shared",
+     "PeepholeLSTM-B3-I5-H10-weights-from-shared", "ResetBeforeGRU-B20-I7-H12-resident-weights"}))
 def test_emulated_tensor_core_text_matches_reference_without_races(cell, shape, resident):
     """The WMMA calls emulated on whole tiles (fragment loads, mma, stores at the offsets and leading
     dimensions the text gives): index math, padding and the split-K parts, in float64; the weight
@@ -637,9 +652,14 @@ STREAMED = [  # (B, I, H, knobs): tensor cores, the operand staged or its fragme
 ]
 
 
-@pytest.mark.parametrize("staged", [False, True], ids=["streamed", "staged"])
-@pytest.mark.parametrize("shape", STREAMED, ids=lambda s: "B{}-I{}-H{}".format(*s[:3]))
-@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.__name__)
+ROW_BLOCKS = [(cell, shape, staged) for staged in (False, True) for shape in STREAMED for cell in CELLS]
+
+
+# CI: each cell, each shape, streamed and staged (4 of 24)
+@pytest.mark.parametrize("cell, shape, staged", representative(
+    ROW_BLOCKS, ["{}-B{}-I{}-H{}-{}".format(c.__name__, *s[:3], "staged" if st else "streamed") for c, s, st in ROW_BLOCKS],
+    {"LSTM-B48-I5-H16-streamed", "GRU-B16-I5-H64-staged", "PeepholeLSTM-B32-I7-H32-staged",
+     "ResetBeforeGRU-B16-I5-H64-streamed"}))
 def test_emulated_tensor_core_row_blocks_and_fragments_match_reference_without_races(cell, shape, staged):
     B, I, H, knobs = shape
     knobs = {**knobs, "max_split": 32, "tensor_cores": True, "stage_operand": staged}
