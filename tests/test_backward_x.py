@@ -11,6 +11,7 @@ The loss is L = <gy, y> + sum over states of <g_s, final s>, all of gy and g_s r
 import numpy as np
 import pytest
 from conftest import TOLERANCE, random_inputs, rel_err, upcast
+from test_backward import sequence_grads
 
 import halstm
 import halstm.nn
@@ -123,15 +124,6 @@ def problem(cell_type, rng, dtype="float32"):
     gy = rng.standard_normal((T_, B_, H_))
     finals = {s: rng.standard_normal((B_, H_)) for s in cell.states}
     return cell, x, params, states, gy, finals
-
-
-def sequence_grads(cell, gy, finals, dtype=np.float64):
-    """The loss's gradients with respect to every state at every step (halstm's interface)."""
-    grads = {s: np.zeros((T_ + 1, B_, H_)) for s in cell.states}
-    grads[cell.output][1:] += gy
-    for s, g in finals.items():
-        grads[s][T_] += g
-    return {s: g.astype(dtype) for s, g in grads.items()}
 
 
 def torch_gradients(cell, x, params, states, gy, finals):
