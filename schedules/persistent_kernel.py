@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+from contextlib import nullcontext
 
 import tvm
 import tvm_ffi
@@ -24,7 +25,7 @@ from halstm.lowering import skeleton
 from .block_gemm import FRAG, VECTOR, BlockGemm, staged_operands
 from .cuda_tensorcore import BYTES
 from .step_program import Elementwise, Reduction, RowMath, StepGemm, loads, packings, rewrite, step_blocks
-from .tir_build import complete, loop, named, named_buffers, nothing, round_up, sync_grid, sync_threads, when, zero
+from .tir_build import complete, loop, named, named_buffers, round_up, sync_grid, sync_threads, when, zero
 
 # Every shared buffer's size is a multiple of this many bytes. TVM merges the shared allocations
 # (MergeSharedMemoryAllocations) back to back, so each then starts 32-byte aligned, as the WMMA
@@ -330,7 +331,7 @@ class PersistentKernel:
         with T.sblock(f"resident_weights{i}"):
             T.reads(w_s[0:self.size(f"w_s{i}")])
             T.writes(wf[0:self.size(f"wf{i}")])
-            with when(work < g.tiles * g.split) if g.idle else nothing():
+            with when(work < g.tiles * g.split) if g.idle else nullcontext():
                 with loop(T.unroll, g.chunks, "p_c") as c, loop(T.unroll, F, "p_f") as f:
                     self.load_fragment(wf, c * F + f, w_s, (col + f * FRAG) * g.stride + self.chunk_k(g, c),
                                        g.stride, "col_major")
@@ -454,11 +455,11 @@ class PersistentKernel:
                 (FRAG * FRAG,), self.p.dtype, scope="wmma.matrix_b", layout=None))
             acc_f = named("acc_f", T.sblock_alloc_buffer((F * FRAG * FRAG,), "float32", scope="wmma.accumulator",
                                                           layout=None))
-            with loop(T.serial, g.rounds, "p_t") if g.rounds > 1 else nothing() as round_:
+            with loop(T.serial, g.rounds, "p_t") if g.rounds > 1 else nullcontext() as round_:
                 work, part, row, col = self.warp_tile(g, round_)
                 with loop(T.unroll, F, "p_f") as f:
                     T.evaluate(T.tvm_fill_fragment(acc_f.data, 16, 16, 16, f, T.float32(0), dtype="void"))
-                with when(work < g.tiles * S) if g.idle else nothing():
+                with when(work < g.tiles * S) if g.idle else nullcontext():
                     # unrolled where resident: a fragment's index must be a constant to stay in registers
                     with loop(T.unroll if g.resident else T.serial, g.chunks, "p_c") as c:
                         k = self.chunk_k(g, c, round_)
@@ -490,7 +491,7 @@ class PersistentKernel:
         part[part][row * C + column]."""
         S, tm, tn, V, i = g.split, g.tm, g.tn, VECTOR, g.index
         acc, a_r, w_r, w_s = self.buf["acc"], self.buf["a_r"], self.buf["w_r"], self.buf[f"w_s{i}"]
-        with loop(T.serial, g.rounds, "p_t") if g.rounds > 1 else nothing() as round_:
+        with loop(T.serial, g.rounds, "p_t") if g.rounds > 1 else nullcontext() as round_:
             work = self.tx if round_ is None else round_ * self.threads + self.tx
             part, tile = work % S, work // S
             row = lambda p_i: tile // (g.C // tn) * tm + p_i  # noqa: E731
@@ -502,7 +503,7 @@ class PersistentKernel:
             with loop(T.unroll, tm * tn, "p_i") as p_i:
                 T.buffer_store(acc, T.float32(0), [p_i])
             # the threads past the tiles only load and sync
-            with when(work < g.tiles * S) if g.tiles * S < g.rounds * self.threads else nothing():
+            with when(work < g.tiles * S) if g.tiles * S < g.rounds * self.threads else nullcontext():
                 with loop(T.serial, g.chunks, "p_c") as c:
                     with loop(T.unroll, tm, "p_i") as p_i:
                         with loop(T.vectorized if self.staged else T.unroll, V, "p_v") as v:
@@ -605,7 +606,7 @@ class PersistentKernel:
             for i, reduction in enumerate(reductions):
                 with when(tirx.And(i * rows <= work, work < (i + 1) * rows)):
                     item = work - i * rows
-                    body(i, reduction, item // per_row if per_row > 1 else item, item % per_row if per_row > 1 else 0)
+                    body(i, reduction, item // per_row, item % per_row)
 
     def elementwise(self, run: list[Elementwise]) -> None:
         """Consecutive elementwise blocks in one loop over the block's (row, unit) items: the gate
@@ -623,7 +624,7 @@ class PersistentKernel:
                         value = T.call_extern(self.p.dtype, "halstm_not_sentinel", value)
                     T.buffer_store(self.buf[b.buffer], value, [row, unit])
 
-    def on_chip(self, b: RowMath, local, unit, first_gate=0):
+    def on_chip(self, b: RowMath, local, unit, first_gate: int = 0):
         """``b``'s value with its reads of GEMM results and of the hoisted input projection at the own
         row and a gate column of the own unit (``unit + gate * H``) moved into their shared buffers:
         the row's place in the block (``local``), local column gate * U + the unit's place (``unit``),
@@ -638,7 +639,7 @@ class PersistentKernel:
         def read(load):
             name, gate = load.source.name, b.gate_column(load, H)
             if gate is not None:
-                gate = gate // H * U if isinstance(first_gate, int) and first_gate == 0 else (first_gate + gate // H) * U
+                gate = (first_gate + gate // H) * U
             if name in gemms:
                 g = gemms[name]
                 return g.result(self.buf, local * g.ldc, gate, unit)

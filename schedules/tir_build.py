@@ -47,11 +47,6 @@ def when(condition):
         yield
 
 
-@contextmanager
-def nothing():
-    yield None
-
-
 def zero(dtype: str):
     return T.Cast(dtype, T.float32(0))
 

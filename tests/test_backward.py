@@ -112,9 +112,9 @@ def compiled(cell_type, dtype="float32"):
     return halstm.compile(cell, T_, B_, dtype), compile_backward(cell, T_, B_, dtype)
 
 
-def problem(cell_type, rng, dtype="float32"):
+def problem(cell_type, rng, dtype="float32", inputs=I_):
     """A cell, its inputs, and the loss's gradients with respect to y and the final states."""
-    cell = cell_type(I_, H_)
+    cell = cell_type(inputs, H_)
     x, params, states = random_inputs(cell, T_, B_, rng, dtype)
     gy = rng.standard_normal((T_, B_, H_))
     finals = {s: rng.standard_normal((B_, H_)) for s in cell.states}

@@ -10,8 +10,9 @@ The loss is L = <gy, y> + sum over states of <g_s, final s>, all of gy and g_s r
 
 import numpy as np
 import pytest
-from conftest import TOLERANCE, random_inputs, rel_err, upcast
-from test_backward import sequence_grads
+from conftest import TOLERANCE, rel_err, upcast
+from test_backward import B_, H_, T_, sequence_grads
+from test_backward import problem as backward_problem
 
 import halstm
 import halstm.nn
@@ -114,16 +115,11 @@ def _shared_input(p, x, h, c):
 
 STEPS = {Residual: _residual, SRU: _sru, GatedInput: _gated_input, SharedInput: _shared_input}
 CELLS = list(STEPS)
-T_, B_, H_ = 5, 3, 16
 
 
 def problem(cell_type, rng, dtype="float32"):
     """A cell (I = H), its inputs, and the loss's gradients with respect to y and the final states."""
-    cell = cell_type(H_, H_)
-    x, params, states = random_inputs(cell, T_, B_, rng, dtype)
-    gy = rng.standard_normal((T_, B_, H_))
-    finals = {s: rng.standard_normal((B_, H_)) for s in cell.states}
-    return cell, x, params, states, gy, finals
+    return backward_problem(cell_type, rng, dtype, inputs=H_)
 
 
 def torch_gradients(cell, x, params, states, gy, finals):

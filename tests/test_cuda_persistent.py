@@ -490,10 +490,11 @@ def _phases(stmts, unsynced=()):
 def _kernel_parts(func):
     """(the thread variables, the "persistent" block, its statements before the time loop, the time
     loop, the "step" block) of the persistent kernel's function."""
-    loops = []
-    tvm_ffi.structural_walk(func, (tvm.tirx.For, lambda f: loops.append(f) if f.thread_binding is not None else None))
-    bx, tx = (next(f.loop_var for f in loops if f.thread_binding.thread_tag == tag) for tag in ("blockIdx.x", "threadIdx.x"))
-    persistent = loops[-1].body.block if loops[-1].thread_binding.thread_tag == "threadIdx.x" else loops[0].body.block
+    loops = {}
+    tvm_ffi.structural_walk(func, (tvm.tirx.For, lambda f: loops.update({f.thread_binding.thread_tag: f})
+                                   if f.thread_binding is not None else None))
+    bx, tx = loops["blockIdx.x"].loop_var, loops["threadIdx.x"].loop_var
+    persistent = loops["threadIdx.x"].body.block
     *setup, time_loop = persistent.body.seq
     return (bx, tx), persistent, setup, time_loop, time_loop.body.block
 
@@ -606,12 +607,7 @@ def test_emulated_layer_norm_matches_reference_without_races(cell, knobs):
     program = _program(cell, batch=B, hidden=H, inputs=I, dtype=dtype)
     kernel = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {"tensor_cores": False, **knobs}))
     assert kernel is not None and kernel.reductions
-    c = cell(I, H)
-    y, final, (x, params, states) = _emulate(c, 3, B, {"tensor_cores": False, **knobs}, dtype=dtype)
-    want_y, want_states = halstm.reference(c, x, params, states)
-    assert rel_err(y, want_y) < 1e-12
-    for s in c.states:
-        assert rel_err(final[s], want_states[s]) < 1e-12
+    _check_emulation(cell, B, I, H, knobs, dtype=dtype)
 
 
 @pytest.mark.parametrize("cell", X_IN_STEP, ids=lambda c: c.__name__)
