@@ -1,13 +1,17 @@
-"""Training benchmark, one run: fp32 forward + backward through time, T=100, B=64, I=H=1024.
+"""Training benchmark, one run: forward + backward through time, halstm beside cuDNN and torch.compile.
 
-halstm (``halstm.nn.LSTM``) beside cuDNN (``torch.nn.LSTM`` on the same state_dict, with TF32 as
-torch allows it by default and in full fp32), and a custom cell (PeepholeLSTM) as ``halstm.nn.RNN``
-beside the same cell trained as a torch eager loop and as ``torch.compile`` of that loop. A step is
-y = model(x); y.backward(dy), with the gradients of x and every parameter. First the gradients are
-checked against torch at a small shape (full fp32, 1e-5); then medians after warm-up (CUDA events).
-Writes results.md and results.json into --out.
+A step is ``y, _ = model(x); y.backward(dy)``, with the gradients of x and every parameter. LSTM and GRU
+run as ``halstm.nn.LSTM``/``GRU`` beside ``torch.nn.LSTM``/``GRU`` (cuDNN) on the same state_dict; a
+custom cell (PeepholeLSTM, LayerNormLSTM, ...) as ``halstm.nn.RNN`` beside the same cell's step in torch
+(benchmarks/gpu.py), looped, and ``torch.compile`` (default mode) of that loop. float32 is exact float32
+in halstm; cuDNN runs it with TF32 as torch allows by default, and without ("cuDNN fp32").
 
-    python benchmarks/training_gpu.py [--out DIR] [--no-compile]
+First every model's gradients at a small shape are checked against float64 (the same model upcast)
+within the dtype's tolerance (fp32 1e-5; fp16, bf16 1e-2). Then medians after warm-up (CUDA events),
+each step's peak memory above what was allocated before it, and halstm's compile time (its first step:
+the forward, the backward and its reversed loop). Writes results.md and results.json into --out.
+
+    python benchmarks/training_gpu.py --cells LSTM,GRU,PeepholeLSTM --shapes 100x16x512 --dtypes float16
     python benchmarks/training_gpu.py --device cpu --tiny     # smoke test of this script on a CPU
 """
 
@@ -21,14 +25,16 @@ import time
 
 import numpy as np
 import torch
-from gpu import torch_cell  # the custom cells' step in torch (benchmarks/gpu.py)
+from gpu import torch_cell  # the custom cells' step in torch
 
 import halstm
 import halstm.nn
 
-SHAPE = (100, 64, 1024)  # T, B, I = H
-TINY = (5, 2, 16)
-CHECK = (20, 4, 32)
+SHAPES = ((100, 1, 256), (100, 16, 512), (100, 64, 1024), (100, 256, 1024), (1024, 16, 768))  # T, B, I = H
+TINY = ((5, 2, 16),)
+CHECK = (8, 4, 32)
+TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
+CUDNN = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU}
 
 
 def timed(fn, device: str, warm: int = 3, reps: int = 10) -> float:
@@ -52,35 +58,29 @@ def timed(fn, device: str, warm: int = 3, reps: int = 10) -> float:
     return float(np.median(times))
 
 
-def lstms(T: int, H: int, device: str, use_compile: bool) -> dict:
-    """Name -> (forward, module holding its parameters): halstm.nn.LSTM and torch.nn.LSTM (cuDNN)
-    with the same weights."""
-    reference = torch.nn.LSTM(H, H).to(device)
-    ours = halstm.nn.LSTM(H, H).to(device)
-    ours.load_state_dict(reference.state_dict())
-    return {"halstm": (lambda x: ours(x)[0], ours), "cuDNN": (lambda x: reference(x)[0], reference)}
-
-
-def peepholes(T: int, H: int, device: str, use_compile: bool) -> dict:
-    """PeepholeLSTM as halstm.nn.RNN, and a torch loop over the same parameters (eager, compiled)."""
-    ours = halstm.nn.RNN(halstm.PeepholeLSTM, H, H).to(device)
-    step = torch_cell("PeepholeLSTM", {n: getattr(ours, f"{n}_l0") for n in ours.cell.parameters()})
+def models(cell: str, T: int, H: int, device: str, dtype: torch.dtype, use_compile: bool) -> dict:
+    """Name -> (forward, module holding its parameters): halstm first, then the baselines on the
+    same parameters."""
+    if cell in CUDNN:
+        reference = CUDNN[cell](H, H).to(device, dtype)
+        ours = getattr(halstm.nn, cell)(H, H).to(device, dtype)
+        ours.load_state_dict(reference.state_dict())
+        return {"halstm": (lambda x: ours(x)[0], ours), "cuDNN": (lambda x: reference(x)[0], reference)}
+    ours = halstm.nn.RNN(getattr(halstm, cell), H, H).to(device, dtype)
+    step = torch_cell(cell, {n: getattr(ours, f"{n}_l0") for n in ours.cell.parameters()})
 
     def loop(x):
-        h = x.new_zeros(x.shape[1], H)
-        state, ys = (h, torch.zeros_like(h)), []
-        for t in range(T):
+        state = tuple(x.new_zeros(x.shape[1], H) for _ in ours.cell.states)
+        ys = []
+        for t in range(x.shape[0]):
             state = step(x[t], *state)
             ys.append(state[0])
         return torch.stack(ys)
 
-    models = {"halstm": (lambda x: ours(x)[0], ours), "eager": (loop, ours)}
+    found = {"halstm": (lambda x: ours(x)[0], ours), "torch eager": (loop, ours)}
     if use_compile:
-        models["torch.compile"] = (torch.compile(loop, mode="reduce-overhead"), ours)
-    return models
-
-
-CELLS = {"LSTM": lstms, "PeepholeLSTM": peepholes}
+        found["torch.compile"] = (torch.compile(loop), ours)
+    return found
 
 
 def training_step(model, x, dy):
@@ -96,79 +96,100 @@ def training_step(model, x, dy):
 
 def gradients(model, x, dy) -> list:
     training_step(model, x, dy)()
-    return [x.grad.clone()] + [p.grad.clone() for p in model[1].parameters()]
+    return [x.grad] + [p.grad for p in model[1].parameters()]
 
 
-def rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
-
-
-def check(device: str) -> list[tuple]:
-    """halstm's gradients against cuDNN and torch eager at a small shape, in full fp32."""
+def check(cell: str, dtype: torch.dtype, device: str) -> float:
+    """The largest relative error of halstm's gradients (x and every parameter) against the same
+    model in float64."""
     T, B, H = CHECK
-    torch.backends.cudnn.allow_tf32 = False
-    x = torch.randn(T, B, H, device=device, requires_grad=True)
-    dy = torch.randn(T, B, H, device=device)
-    rows = []
-    for cell, build in CELLS.items():
-        models = build(T, H, device, False)
-        baseline = "cuDNN" if "cuDNN" in models else "eager"
-        err = max(rel(a, b) for a, b in zip(gradients(models["halstm"], x, dy), gradients(models[baseline], x, dy)))
-        rows.append((cell, baseline, err, err < 1e-5))
-        print("check", cell, "vs", baseline, f"{err:.1e}", "PASS" if err < 1e-5 else "FAIL", flush=True)
-    torch.backends.cudnn.allow_tf32 = True
-    return rows
+    ours = models(cell, T, H, device, dtype, False)["halstm"]
+    exact = models(cell, T, H, device, torch.float64, False)["cuDNN" if cell in CUDNN else "torch eager"]
+    exact[1].load_state_dict({k: v.double() for k, v in ours[1].state_dict().items()})
+    x = torch.randn(T, B, H, device=device, dtype=dtype, requires_grad=True)
+    dy = torch.randn(T, B, H, device=device, dtype=dtype)
+    x64 = x.detach().double().requires_grad_()
+    got, want = gradients(ours, x, dy), gradients(exact, x64, dy.double())
+    return max(float((g.double() - w).norm() / w.norm()) for g, w in zip(got, want))
 
 
-def bench(shape, device: str, use_compile: bool) -> list[dict]:
+def peak_mb(fn, device: str) -> float | None:
+    """Memory a step allocates at its peak beyond what was allocated before it, MB."""
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return round((torch.cuda.max_memory_allocated() - before) / 2**20, 1)
+
+
+def bench(cell: str, shape, dtype: torch.dtype, device: str, use_compile: bool) -> dict:
     T, B, H = shape
-    x = torch.randn(T, B, H, device=device, requires_grad=True)
-    dy = torch.randn(T, B, H, device=device)
-    rows = []
-    for cell, build in CELLS.items():
-        models = build(T, H, device, use_compile)
-        row = {"cell": cell, "T": T, "B": B, "H": H}
-        t0 = time.time()
-        training_step(models["halstm"], x, dy)()  # compiles the forward and the backward
-        row["halstm compile s"] = round(time.time() - t0, 1)
-        for name, model in models.items():
-            row[name] = timed(training_step(model, x, dy), device)
-        if "cuDNN" in models and device == "cuda":
-            torch.backends.cudnn.allow_tf32 = False
-            row["cuDNN fp32"] = timed(training_step(models["cuDNN"], x, dy), device)
-            torch.backends.cudnn.allow_tf32 = True
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    return rows
+    x = torch.randn(T, B, H, device=device, dtype=dtype, requires_grad=True)
+    dy = torch.randn(T, B, H, device=device, dtype=dtype)
+    found = models(cell, T, H, device, dtype, use_compile)
+    row = {"cell": cell, "T": T, "B": B, "H": H, "dtype": str(dtype).replace("torch.", "")}
+    t0 = time.time()
+    training_step(found["halstm"], x, dy)()  # compiles the forward, the backward and its reversed loop
+    row["halstm compile s"] = round(time.time() - t0, 1)
+    for name, model in found.items():
+        step = training_step(model, x, dy)
+        if name == "torch.compile":
+            t0 = time.time()
+            step()
+            row["torch.compile s"] = round(time.time() - t0, 1)
+        row[name] = timed(step, device)
+        row[f"{name} MB"] = peak_mb(step, device)
+    if "cuDNN" in found and device == "cuda" and dtype == torch.float32:
+        torch.backends.cudnn.allow_tf32 = False
+        row["cuDNN fp32"] = timed(training_step(found["cuDNN"], x, dy), device)
+        torch.backends.cudnn.allow_tf32 = True
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def table(rows, device_name: str) -> str:
-    lines = [(f"Device: {device_name}. fp32 training step (forward + backward), median ms after warm-up; "
-              "ratio: the baseline's time over halstm's (> 1: halstm faster)."), "",
-             "| cell | T | B | H | halstm ms | baseline | baseline ms | ratio | halstm compile s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"Device: {device_name}. Training step (forward + backward), median ms after warm-up; ratio: the "
+             "baseline's time over halstm's (> 1: halstm faster); MB: a step's peak memory.", "",
+             "| cell | dtype | T | B | H | halstm ms | halstm MB | baseline | baseline ms | baseline MB | ratio | "
+             "halstm compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        for base in ("cuDNN", "cuDNN fp32", "eager", "torch.compile"):
+        for base in ("cuDNN", "cuDNN fp32", "torch eager", "torch.compile"):
             if base in r:
-                lines.append(f"| {r['cell']} | {r['T']} | {r['B']} | {r['H']} | {r['halstm']:.2f} | {base} | "
-                             f"{r[base]:.2f} | {r[base] / r['halstm']:.2f} | {r['halstm compile s']} |")
-    return "\n".join(lines) + "\n\ncuDNN: torch's default (TF32 allowed); cuDNN fp32: TF32 off.\n"
+                lines.append(f"| {r['cell']} | {r['dtype']} | {r['T']} | {r['B']} | {r['H']} | {r['halstm']:.3f} | "
+                             f"{r['halstm MB']} | {base} | {r[base]:.3f} | {r.get(base + ' MB')} | "
+                             f"{r[base] / r['halstm']:.2f} | {r['halstm compile s']} |")
+    return "\n".join(lines) + "\n\ncuDNN: torch's default (TF32 allowed in float32); cuDNN fp32: TF32 off.\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--tiny", action="store_true", help=f"T, B, H = {TINY} instead of {SHAPE}")
+    ap.add_argument("--cells", default="LSTM,GRU,PeepholeLSTM,LayerNormLSTM")
+    ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES), help="TxBxH,...")
+    ap.add_argument("--dtypes", default="float32,float16,bfloat16")
+    ap.add_argument("--tiny", action="store_true", help=f"T, B, H = {TINY[0]}, float32")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     torch.manual_seed(0)
+    cells = args.cells.split(",")
+    shapes = TINY if args.tiny else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    dtypes = ["float32"] if args.tiny else args.dtypes.split(",")
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
-    checks = check(args.device)
-    rows = bench(TINY if args.tiny else SHAPE, args.device, not args.no_compile)
-    text = "## Gradients against torch (T, B, H = {}, {}, {}; fp32, TF32 off)\n\n".format(*CHECK)
-    text += "| cell | against | max relative error | ok |\n|---|---|---|---|\n"
-    text += "\n".join(f"| {c} | {b} | {e:.1e} | {ok} |" for c, b, e, ok in checks)
+    checks = []
+    for cell in cells:
+        for dtype in dtypes:
+            err = check(cell, getattr(torch, dtype), args.device)
+            checks.append((cell, dtype, err, err < TOLERANCE[dtype]))
+            print("check", cell, dtype, f"{err:.1e}", "PASS" if checks[-1][-1] else "FAIL", flush=True)
+    rows = [bench(cell, shape, getattr(torch, dtype), args.device, not args.no_compile)
+            for shape in shapes for dtype in dtypes for cell in cells]
+    text = "## Gradients against float64 (T, B, H = {}, {}, {})\n\n".format(*CHECK)
+    text += "| cell | dtype | max relative error | within tolerance |\n|---|---|---|---|\n"
+    text += "\n".join(f"| {c} | {d} | {e:.1e} | {ok} |" for c, d, e, ok in checks)
     text += "\n\n## Timing\n\n" + table(rows, name)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.md"), "w") as fh:

@@ -23,6 +23,7 @@ _WHERE = {
     "LayerNormLSTM": "cells", "LayerNormGRU": "cells",
     "compile": "compiler", "CompiledCell": "compiler",
     "compile_backward": "gradients", "reference_backward": "gradients", "lower_backward": "backward",
+    "AdjointCell": "adjoint",
     "lower": "lowering", "make_plan": "plan", "reference": "oracle",
     "matmul": "ops", "linear": "ops", "split": "ops", "sigmoid": "ops", "tanh": "ops", "exp": "ops",
     "layer_norm": "ops",

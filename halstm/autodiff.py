@@ -42,19 +42,21 @@ _CALLS = {
 _FLAT = {"floor", "ceil", "round", "trunc"}  # derivative zero wherever it exists
 
 
-def adjoints(outputs, seeds, wrt, rules=None) -> list[te.Tensor | None]:
+def adjoints(outputs, seeds, wrt, rules=None, reads=None) -> list[te.Tensor | None]:
     """The adjoints of the tensors ``wrt`` given those of ``outputs`` (``seeds``, same shapes).
 
     Every compute between them is differentiated in reverse topological order. ``rules`` maps an op
     to its own rule, ``rule(dY)`` giving (input, contribution) pairs: a planned GEMM's product with
-    the transposed weights, say. A tensor in ``wrt`` that the outputs do not depend on gets None.
+    the transposed weights, say. ``reads`` maps an op to the tensors its value stands for beyond its
+    inputs (a GEMM's result read from where it was computed before: its operand), which its rule
+    passes adjoints to. A tensor in ``wrt`` that the outputs do not depend on gets None.
     """
-    rules = rules or {}
+    rules, reads = rules or {}, reads or {}
     targets = {t.op for t in wrt}
-    order = _topological(outputs)
+    order = _topological(outputs, reads)
     depends = {}
     for op in order:
-        depends[op] = op in targets or any(depends[t.op] for t in op.input_tensors)
+        depends[op] = op in targets or any(depends[t.op] for t in [*op.input_tensors, *reads.get(op, ())])
     parts = {op: [] for op in order}
     for out, seed in zip(outputs, seeds):
         parts[out.op].append(seed)
@@ -74,14 +76,14 @@ def adjoints(outputs, seeds, wrt, rules=None) -> list[te.Tensor | None]:
     return [adjoint.get(t.op) for t in wrt]
 
 
-def _topological(outputs) -> list:
-    """The ops the outputs are computed from, each after its inputs."""
+def _topological(outputs, reads: dict) -> list:
+    """The ops the outputs are computed from, each after its inputs (and ``reads``)."""
     order, seen = [], set()
 
     def visit(op):
         if op not in seen:
             seen.add(op)
-            for t in op.input_tensors:
+            for t in [*op.input_tensors, *reads.get(op, ())]:
                 visit(t.op)
             order.append(op)
 

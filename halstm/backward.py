@@ -1,25 +1,27 @@
 """Backward through time, lowered like the forward.
 
-Given the forward's state sequences and G_s, the gradient of a loss with respect to each state
-sequence ((T+1)*B rows, the initial state first, as the forward stores them), two TensorIR functions
-compute the gradients with respect to x, every parameter and the initial states. Both have the
-forward's form, a prologue then a step, so the recipes that schedule the forward schedule them:
+Given the forward's state sequences and the gradient of a loss with respect to each state at each
+step (``g<s>_seq``, (T+1)*B rows, the initial state first, as the forward stores them), four
+functions compute the gradients with respect to x, every parameter and the initial states:
 
-  bptt     the time loop reversed. Prologue: the hoisted GEMMs recomputed over all T*B rows, the
-           recurrent weights packed as the forward packs them and transposed, D_s[T] = G_s[T].
-           Step t = T-1 .. 0 on row-block views: the step's GEMMs recomputed from the stored states,
-           then the adjoints that ``halstm.autodiff`` derives from the step's expressions, where a
-           recurrent GEMM G = A W^T passes dA = dG W (a GEMM with the transposed weights). It writes
-           D_s[t] = G_s[t] + dS_t, and keeps for the weights each GEMM result's adjoint dG, each
-           recurrent GEMM's operand A, each elementwise parameter's adjoint and, where the step's
-           math reads x itself (``Plan.x_in_step``: a residual ``+ x``, a highway), the adjoint of
-           that read of the step's rows of x.
-  weights  one step over all T*B rows, no recurrence. Prologue: the GEMM operands and the hoisted
-           GEMMs' weights packed. Step: per GEMM dW = dG^T A; per hoisted GEMM dA = dG W, then back
-           through the hoisted operand's expression to x and the parameters; the elementwise
-           parameters' adjoints summed over t; dx is the hoisted GEMMs' part plus the steps' own.
+  prepare   over all T*B rows, no recurrence: the hoisted and first-stage GEMMs recomputed from x
+            and the stored states, and with the states and the gradients written, the steps
+            reversed, as the input of the adjoint cell (``halstm.adjoint``); its initial states
+            (the final states' gradients) and its weights (the recurrent ones, transposed).
+  adjoint   the reversed time loop: ``AdjointCell``, a cell compiled as any forward is (the
+            persistent kernel, tensor cores, the tuner), for T + 1 steps; its states hold the
+            adjoints D_{t+1} of the states after each step, the last one D_0.
+  rows      over all T*B rows, no recurrence: the forward step differentiated from D_{t+1}, as
+            ``halstm.autodiff`` derives it from the step's expressions, where a recurrent GEMM
+            G = A W^T passes dA = dG W: each GEMM result's adjoint dG, each recurrent GEMM's operand
+            A, the elementwise parameters' adjoints and, where the step's math reads x itself
+            (``Plan.x_in_step``: a residual ``+ x``, a highway), the adjoint of that read.
+  weights   per GEMM dW = dG^T A; per hoisted GEMM dA = dG W, then back through the hoisted
+            operand's expression to x and the parameters; dx is the hoisted GEMMs' part plus the
+            steps' own.
 
-``D_s`` is float32 whatever the storage dtype; gradients come out in the storage dtype.
+The buffers between the functions are float32 but for the adjoint cell's, which are in the storage
+dtype as any cell's; gradients come out in the storage dtype.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import te
 
+from .adjoint import AdjointCell
 from .autodiff import adjoints
 from .cell import Cell, placeholders
 from .lowering import (
@@ -49,7 +52,7 @@ from .lowering import (
     trace_hoisted,
     trace_step,
 )
-from .plan import Gemm, Plan, make_plan
+from .plan import Gemm, Plan, make_plan, upstream
 from .runtime import Arg
 
 
@@ -86,14 +89,27 @@ class BackwardPlan:
 
     @property
     def each_step(self) -> list[GradGemm]:
-        return [_operand_adjoint(g) for g in self.recurrent]
+        """The recurrent GEMMs' operands' adjoints that the rows function computes: the later stages'
+        (they pass adjoints on to earlier results), and the first stage's where the operand reads x
+        or a parameter (its adjoint into the states is the reversed loop's)."""
+        return [_operand_adjoint(g) for g in self.recurrent
+                if g.stage > 1 or any(isinstance(op, te.PlaceholderOp) and op.name not in self.cell.states
+                                      for op in upstream(g.operand))]
 
     @property
     def after_loop(self) -> list[GradGemm]:
         return [_weight_adjoint(g) for g in self.forward.gemms] + [_operand_adjoint(g) for g in self.forward.hoisted]
 
-    def bptt_plan(self) -> Plan:
-        """The reversed loop's GEMMs as recipes read a plan: the hoisted GEMMs in its prologue, the
+    @functools.cached_property
+    def adjoint(self) -> AdjointCell:
+        return AdjointCell(self.forward)
+
+    def prepare_plan(self) -> Plan:
+        """The prepare function's GEMMs: the hoisted ones in its prologue, the first stage's in its step."""
+        return Plan(self.cell, self.forward.matmuls, self.forward.hoisted, self.forward.stages[:1])
+
+    def rows_plan(self) -> Plan:
+        """The rows function's GEMMs as recipes read a plan: the hoisted GEMMs in its prologue, the
         forward's stages and the operands' adjoints in its step."""
         return Plan(self.cell, self.forward.matmuls, self.forward.hoisted, [*self.forward.stages, self.each_step],
                     self.forward.x_in_step)
@@ -103,17 +119,17 @@ class BackwardPlan:
         return Plan(self.cell, [], [], [self.after_loop])
 
     def __str__(self):
-        lines = [f"backward plan for {self.cell!r}"]
-        if self.forward.hoisted:
-            lines.append("  before the reversed time loop: " + ", ".join(g.name for g in self.forward.hoisted)
-                         + " recomputed over all T*B rows")
-        recomputed = ", ".join(g.name for g in self.recurrent)
-        lines.append("  each step, t = T-1 .. 0: " + (f"{recomputed} recomputed; " if recomputed else "")
-                     + "the step's adjoints, with")
+        recomputed = ", ".join(g.name for g in self.forward.gemms if g.stage <= 1)
+        lines = [f"backward plan for {self.cell!r}",
+                 f"  prepare, over all T*B rows: {recomputed} recomputed; the adjoint cell's input, steps reversed",
+                 "  the reversed time loop (T + 1 steps), compiled as a cell: "
+                 + str(make_plan(self.adjoint)).replace("\n", "\n  "),
+                 "  rows, over all T*B rows: the forward's GEMMs recomputed; the step's adjoints from D_{t+1}"
+                 + (", with" if self.each_step else "")]
         lines += [f"    {g}" for g in self.each_step]
         if self.forward.x_in_step:
             lines.append("    d x_t, the adjoint of the step's own read of x -> dx_seq")
-        lines.append("  after the loop, over all T*B rows:")
+        lines.append("  weights, over all T*B rows:")
         lines += [f"    {g}" for g in self.after_loop]
         if self.forward.x_in_step:
             lines.append("    d x += dx_seq (the steps' own reads of x)")
@@ -134,17 +150,30 @@ def _weight_adjoint(g: Gemm) -> GradGemm:
 
 @dataclass
 class BackwardProgram:
-    """The two lowered functions, called in order; they share buffers by name."""
+    """The lowered functions, called in order (the adjoint cell compiled as a forward between
+    prepare and rows); they share buffers by name."""
 
     plan: BackwardPlan
-    bptt: Program
+    prepare: Program
+    rows: Program
     weights: Program
+    steps: int
+    batch: int
+    dtype: str
+
+    @property
+    def adjoint(self) -> AdjointCell:
+        return self.plan.adjoint
+
+    @property
+    def functions(self) -> dict[str, Program]:
+        return {"prepare": self.prepare, "rows": self.rows, "weights": self.weights}
 
     @property
     def args(self) -> list[Arg]:
-        """Every buffer of both functions once, in order of first use."""
+        """Every buffer of the three functions once, in order of first use."""
         seen = {}
-        for a in self.bptt.args + self.weights.args:
+        for a in self.prepare.args + self.rows.args + self.weights.args:
             seen.setdefault(a.name, a)
         return list(seen.values())
 
@@ -164,9 +193,10 @@ def lower_backward(
     (N, K) layout or its float32 split (``tf32x3``): exact float32 stays on FFMA here."""
     backward = BackwardPlan(plan or make_plan(cell))
     layout = PackedLayout(tile=layout.tile) if layout else PackedLayout()
-    bptt, kept = _bptt(backward, steps, batch, dtype, layout)
+    prepare = _prepare(backward, steps, batch, dtype, layout)
+    rows, kept = _rows(backward, steps, batch, dtype, layout)
     weights = _weights(backward, steps, batch, dtype, layout, kept)
-    return BackwardProgram(backward, bptt, weights)
+    return BackwardProgram(backward, prepare, rows, weights, steps, batch, dtype)
 
 
 def _numel(shape) -> int:
@@ -186,71 +216,155 @@ def _function(plan: Plan, steps, batch, dtype, layout, frame: Skeleton, loop: st
     return Program(plan.cell, plan, steps, batch, dtype, layout, frame.source(loop), frame.args)
 
 
-# --- bptt: the reversed time loop --------------------------------------------------------------
+def _one_step(frame: Skeleton, body: tvm.tirx.PrimFunc) -> str:
+    """A function's "step" block run once, with the frame's views."""
+    return f"""    with T.sblock("step"):
+{indent(frame.step_views, 8)}
+{indent([_body(body)], 8)}"""
 
-def _bptt(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tuple[Program, list[str]]:
-    """The reversed time loop, and the parameters whose adjoints it keeps per step."""
-    cell, forward, H = plan.cell, plan.forward, plan.cell.hidden_size
-    step, kept = _bptt_step(plan, B, dtype, layout)
-    recurrent = [(i, g) for i, g in enumerate(forward.gemms) if g.stage > 0]
+
+def _reversed_row(r, T: int, B: int):
+    """The row of step T - 1 - r // B, batch row r % B: the steps' order reversed."""
+    return (T - 1 - r // B) * B + r % B
+
+
+# --- prepare: the adjoint's input -----------------------------------------------------------------
+
+def _prepare(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> Program:
+    cell, forward, H, adjoint = plan.cell, plan.forward, plan.cell.hidden_size, plan.adjoint
+    first = [(i, g) for i, g in enumerate(forward.gemms) if g.stage == 1]
     args = [Arg("x", (T * B, cell.input_size), dtype, "x"), *_param_args(cell, dtype)]
     args += [Arg(f"{s}_seq", ((T + 1) * B, H), dtype, "seq") for s in cell.states]
     args += [Arg(f"g{s}_seq", ((T + 1) * B, H), dtype, "grad") for s in cell.states]
-    args += [Arg(f"d{s}_seq", ((T + 1) * B, H), ACCUMULATE, "buffer") for s in cell.states]
+    args += [Arg("adjoint_x", ((T + 1) * B, adjoint.input_size), dtype, "buffer")]
+    args += [Arg(n, tuple(shape), dtype, "buffer") for n, shape in adjoint.parameters().items()
+             if n not in cell.parameters()]
+    allocs = [f'{g.name} = T.alloc_buffer(({T * B}, {g.rows}), "{ACCUMULATE}")' for g in forward.hoisted]
+    allocs += [f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")' for i, g in first]
+    prologue = [_body(_prepare_prologue(plan, T, B, dtype, layout))]
+    views = [_view(f"{g.name}_t", g.name, "0", T * B, g.rows, ACCUMULATE) for g in forward.hoisted]
+    views += [_view("x_t", "x", "0", T * B, cell.input_size, dtype)] if forward.x_in_step else []
+    views += [_view(f"{s}_t", f"{s}_seq", "0", T * B, H, dtype) for s in cell.states]
+    views += [_view(f"{s}_after", f"{s}_seq", str(B), T * B, H, dtype) for s in cell.states] if adjoint.reads_next else []
+    views += [_view(f"g{s}_t", f"g{s}_seq", "0", T * B, H, dtype) for s in cell.states]
+    frame = Skeleton(args, allocs, prologue, views)
+    return _function(plan.prepare_plan(), 1, T * B, dtype, layout, frame, _one_step(frame, _prepare_step(plan, T, B, dtype, layout)))
+
+
+def _prepare_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
+    """The hoisted GEMMs over all rows, the first stage's weights packed, the adjoint's weights."""
+    cell, forward, adjoint = plan.cell, plan.forward, plan.adjoint
+    x, states, params = placeholders(cell, T * B, dtype)
+    hoisted = trace_hoisted(forward, x, states, params, layout)
+    outputs = [hoisted.gemms[g.name] for g in forward.hoisted]
+    outputs += [hoisted.packed[g.name] for g in forward.gemms if g.stage == 1]
+    first = {f"{g.name}_t": g for g in forward.gemms if g.stage == 1}
+    later = {f"{m.weight}_t": params[m.weight] for g in forward.gemms if g.stage > 1 for m in g.members}
+
+    def transposed(name, shape):
+        if name in first:
+            # one matmul: its weight itself (no select, whose bfloat16 vectors the CPU build refuses)
+            g = first[name]
+            w = params[g.members[0].weight] if len(g.members) == 1 else None
+            return te.compute(shape, lambda k, n: w[n, k] if w is not None else stacked(g, params, n, k), name=name)
+        return te.compute(shape, lambda k, n: later[name][n, k], name=name)
+
+    outputs += [transposed(n, shape) for n, shape in adjoint.parameters().items() if n in first or n in later]
+    inputs = [x, *params.values()]
+    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+
+
+def _prepare_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
+    """The adjoint's input: per row of the reversed steps, its columns (``AdjointCell.columns``) from
+    the forward's values at that step; one step more, zeros but for the initial states where the
+    adjoint reads the states after a step."""
+    cell, forward, H, adjoint = plan.cell, plan.forward, plan.cell.hidden_size, plan.adjoint
+    step = trace_step(forward, T * B, dtype, layout)
+    after = [te.placeholder((T * B, H), dtype, name=f"{s}_after") for s in cell.states] if adjoint.reads_next else []
+    grads = [te.placeholder((T * B, H), dtype, name=f"g{s}_t") for s in cell.states]
+    source = {g.name: step.x_proj[g.name] for g in forward.hoisted}
+    source |= {g.name: step.gemms[g.name] for g in forward.gemms if g.stage == 1}
+    source |= dict(zip(cell.states, step.states)) | {f"{s}_next": a for s, a in zip(cell.states, after)}
+    source |= {f"g{s}": g for s, g in zip(cell.states, grads)}
+    if forward.x_in_step:
+        source["x"] = step.x
+    rows = T * B
+
+    def at(r, j):  # lazy selects: TVM simplifies a read's index under the conditions that select it
+        row, zero = _reversed_row(r, T, B), te.const(0, ACCUMULATE)
+        value, start = zero, adjoint.input_size
+        for name, width in reversed(adjoint.columns):
+            start -= width
+            extra = zero  # the extra step's: zeros, but the initial states where the adjoint reads S_{t+1}
+            if name.endswith("_next"):
+                extra = step.states[cell.states.index(name[:-5])][r % B, j - start].astype(ACCUMULATE)
+            read = te.if_then_else(r < rows, source[name][row, j - start].astype(ACCUMULATE), extra)
+            value = te.if_then_else(j < start + width, read, value)
+        return value.astype(dtype)
+
+    xa = te.compute(((T + 1) * B, adjoint.input_size), at, name="adjoint_x")
+    inputs = [*step.inputs, *after, *grads]
+    return _prim_func(inputs, [xa], [t.op.name for t in inputs + [xa]])
+
+
+# --- rows: the step's adjoints over all rows ------------------------------------------------------
+
+def _rows(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tuple[Program, list[str]]:
+    """The step differentiated over all T*B rows at once from D_{t+1}, and the parameters whose
+    adjoints it keeps."""
+    cell, forward, H = plan.cell, plan.forward, plan.cell.hidden_size
+    step, kept = _rows_step(plan, T, B, dtype, layout)
+    recurrent = [(i, g) for i, g in enumerate(forward.gemms) if g.stage > 0]
+    args = [Arg("x", (T * B, cell.input_size), dtype, "x"), *_param_args(cell, dtype)]
+    args += [Arg(f"{s}_seq", ((T + 1) * B, H), dtype, "seq") for s in cell.states]
+    args += [Arg(f"d{s}_seq", ((T + 2) * B, H), dtype, "buffer") for s in cell.states]  # the adjoint's
     args += [Arg(f"d{g.name}_seq", (T * B, g.rows), ACCUMULATE, "buffer") for g in forward.gemms]
     args += [Arg(f"a_{g.name}_seq", (T * B, g.depth), ACCUMULATE, "buffer") for _, g in recurrent]
-    args += [Arg(f"d{p}_seq", (T, _numel(cell.parameters()[p])), ACCUMULATE, "buffer") for p in kept]
+    args += [Arg(f"d{p}_sum", (1, _numel(cell.parameters()[p])), ACCUMULATE, "buffer") for p in kept]
     args += _x_in_step_args(forward, T, B)
     allocs = [f'{g.name} = T.alloc_buffer(({T * B}, {g.rows}), "{ACCUMULATE}")' for g in forward.hoisted]
     allocs += [f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")' for i, g in recurrent]
     allocs += [f'w_packed_t{i} = T.alloc_buffer({layout.shape(g.rows, g.depth)}, "{dtype}")' for i, g in recurrent]
-    prologue = [_view(f"d{s}_last", f"d{s}_seq", str(T * B), B, H, ACCUMULATE) for s in cell.states]
-    prologue += [_view(f"g{s}_last", f"g{s}_seq", str(T * B), B, H, dtype) for s in cell.states]
-    prologue.append(_body(_bptt_prologue(plan, T, B, dtype, layout)))
-    row, t = f"({T - 1} - t) * {B}", f"{T - 1} - t"
-    views = [_view(f"{g.name}_t", g.name, row, B, g.rows, ACCUMULATE) for g in forward.hoisted]
+    prologue = [_body(_rows_prologue(plan, T, B, dtype, layout))]
+    views = [_view(f"{g.name}_t", g.name, "0", T * B, g.rows, ACCUMULATE) for g in forward.hoisted]
     if forward.x_in_step:
-        views += [_view("x_t", "x", row, B, cell.input_size, dtype),
-                  _view("dx_t", "dx_seq", row, B, cell.input_size, ACCUMULATE)]
-    views += [_view(f"{s}_t", f"{s}_seq", row, B, H, dtype) for s in cell.states]
-    views += [_view(f"g{s}_t", f"g{s}_seq", row, B, H, dtype) for s in cell.states]
-    views += [_view(f"d{s}_next", f"d{s}_seq", f"{row} + {B}", B, H, ACCUMULATE) for s in cell.states]
-    views += [_view(f"d{s}_t", f"d{s}_seq", row, B, H, ACCUMULATE) for s in cell.states]
-    views += [_view(f"d{g.name}_t", f"d{g.name}_seq", row, B, g.rows, ACCUMULATE) for g in forward.gemms]
-    views += [_view(f"a_{g.name}_t", f"a_{g.name}_seq", row, B, g.depth, ACCUMULATE) for _, g in recurrent]
-    views += [_view(f"d{p}_t", f"d{p}_seq", t, 1, _numel(cell.parameters()[p]), ACCUMULATE) for p in kept]
+        views += [_view("x_t", "x", "0", T * B, cell.input_size, dtype),
+                  _view("dx_t", "dx_seq", "0", T * B, cell.input_size, ACCUMULATE)]
+    views += [_view(f"{s}_t", f"{s}_seq", "0", T * B, H, dtype) for s in cell.states]
+    views += [_view(f"d{g.name}_t", f"d{g.name}_seq", "0", T * B, g.rows, ACCUMULATE) for g in forward.gemms]
+    views += [_view(f"a_{g.name}_t", f"a_{g.name}_seq", "0", T * B, g.depth, ACCUMULATE) for _, g in recurrent]
+    views += [_view(f"d{p}_t", f"d{p}_sum", "0", 1, _numel(cell.parameters()[p]), ACCUMULATE) for p in kept]
     frame = Skeleton(args, allocs, prologue, views)
-    loop = f"""    for t in range({T}):
-        with T.sblock("step"):
-{indent(frame.step_views, 12)}
-{indent([_body(step)], 12)}"""
-    return _function(plan.bptt_plan(), T, B, dtype, layout, frame, loop), kept
+    return _function(plan.rows_plan(), 1, T * B, dtype, layout, frame, _one_step(frame, step)), kept
 
 
-def _bptt_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
+def _rows_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
     cell, forward = plan.cell, plan.forward
     x, states, params = placeholders(cell, T * B, dtype)
     hoisted = trace_hoisted(forward, x, states, params, layout)
     recurrent = [(i, g) for i, g in enumerate(forward.gemms) if g.stage > 0]
-    grads = [te.placeholder((B, cell.hidden_size), dtype, name=f"g{s}_last") for s in cell.states]
     outputs = [hoisted.gemms[g.name] for g in forward.hoisted] + [hoisted.packed[g.name] for _, g in recurrent]
     outputs += [_transposed(g, params, layout, f"w_packed_t{i}") for i, g in recurrent]
-    outputs += [_storage(g, ACCUMULATE, f"d{s}_last") for s, g in zip(cell.states, grads)]
-    inputs = [x, *params.values(), *grads]
+    inputs = [x, *params.values()]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
-def _bptt_step(plan: BackwardPlan, B: int, dtype: str, layout: PackedLayout) -> tuple[tvm.tirx.PrimFunc, list[str]]:
-    """One reversed step on row-block views, and the parameters it keeps adjoints of."""
-    cell, forward, H = plan.cell, plan.forward, plan.cell.hidden_size
-    step = trace_step(forward, B, dtype, layout, autodiff=True)
+def _rows_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tuple[tvm.tirx.PrimFunc, list[str]]:
+    """The step over all T*B rows, differentiated from D_{t+1} (the adjoint's d<s> sequences, whose
+    steps run reversed, one row block on: row block T - t), and the parameters it keeps adjoints of."""
+    cell, forward, H, rows = plan.cell, plan.forward, plan.cell.hidden_size, T * B
+    step = trace_step(forward, rows, dtype, layout, autodiff=True)
     transposed = {
         g.name: te.placeholder(layout.shape(g.rows, g.depth), dtype, name=f"w_packed_t{i}")
         for i, g in enumerate(forward.gemms)
         if g.stage > 0
     }
-    d_next = [te.placeholder((B, H), ACCUMULATE, name=f"d{s}_next") for s in cell.states]
-    grads = [te.placeholder((B, H), dtype, name=f"g{s}_t") for s in cell.states]
+    adjoint = [te.placeholder(((T + 2) * B, H), dtype, name=f"d{s}_seq") for s in cell.states]
+    def after_step(s, d):  # D_{t+1} of row r's step t
+        return te.compute((rows, H), lambda r, j: d[_reversed_row(r, T, B) + B, j].astype(ACCUMULATE),
+                          name=f"d{s}_next")
+
+    d_next = [after_step(s, d) for s, d in zip(cell.states, adjoint)]
 
     def operand_rule(g: Gemm):
         def rule(d_result):
@@ -260,21 +374,16 @@ def _bptt_step(plan: BackwardPlan, B: int, dtype: str, layout: PackedLayout) -> 
     rules = {step.gemms[g.name].op: operand_rule(g) for g in plan.recurrent}
     results = [step.x_proj[g.name] if g.stage == 0 else step.gemms[g.name] for g in forward.gemms]
     x_t = [step.x] if step.x is not None else []  # the step's rows of x, where its math reads x itself
-    found = adjoints(step.traced.next_states, d_next, [*results, *step.states, *step.params.values(), *x_t], rules)
+    found = adjoints(step.traced.next_states, d_next, [*results, *step.params.values(), *x_t], rules)
     d_x_t, found = (found[-1:], found[:-1]) if x_t else ([], found)
-    d_results, found = found[: len(results)], found[len(results):]
-    d_states, d_params = found[: len(step.states)], dict(zip(step.params, found[len(step.states):]))
+    d_results, d_params = found[: len(results)], dict(zip(step.params, found[len(results):]))
     kept = [p for p, d in d_params.items() if d is not None]
 
-    outputs = [
-        _total([lambda *i, g=g: g(*i).astype(ACCUMULATE)] + ([] if d is None else [d]), (B, H), ACCUMULATE, f"d{s}_t")
-        for s, g, d in zip(cell.states, grads, d_states)
-    ]
-    outputs += [_storage(_or_zeros(d, r), ACCUMULATE, f"d{g.name}_t") for g, r, d in zip(forward.gemms, results, d_results)]
+    outputs = [_storage(_or_zeros(d, r), ACCUMULATE, f"d{g.name}_t") for g, r, d in zip(forward.gemms, results, d_results)]
     outputs += [_storage(step.operands[g.name], ACCUMULATE, f"a_{g.name}_t") for g in plan.recurrent]
     outputs += [_flat(d_params[p], f"d{p}_t") for p in kept]
     outputs += [_storage(_or_zeros(d, x), ACCUMULATE, "dx_t") for x, d in zip(x_t, d_x_t)]
-    inputs = [*step.inputs, *transposed.values(), *d_next, *grads]
+    inputs = [*step.inputs, *transposed.values(), *adjoint]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs]), kept
 
 
@@ -284,21 +393,18 @@ def _weights(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayou
     cell, forward, H = plan.cell, plan.forward, plan.cell.hidden_size
     shapes = cell.parameters()
     args = [Arg("x", (T * B, cell.input_size), dtype, "x"), *_param_args(cell, dtype)]
-    args += [Arg(f"d{s}_seq", ((T + 1) * B, H), ACCUMULATE, "buffer") for s in cell.states]
     args += [Arg(f"d{g.name}_seq", (T * B, g.rows), ACCUMULATE, "buffer") for g in forward.gemms]
     args += [Arg(f"a_{g.name}_seq", (T * B, g.depth), ACCUMULATE, "buffer") for g in plan.recurrent]
-    args += [Arg(f"d{p}_seq", (T, _numel(shapes[p])), ACCUMULATE, "buffer") for p in kept]
+    args += [Arg(f"d{p}_sum", (1, _numel(shapes[p])), ACCUMULATE, "buffer") for p in kept]
     args += _x_in_step_args(forward, T, B)
     args += [Arg("dx", (T * B, cell.input_size), dtype, "output")]
-    args += [Arg(f"d{s}0", (B, H), dtype, "output") for s in cell.states]
     args += [Arg(f"d{p}", tuple(shape), dtype, "output") for p, shape in shapes.items()]
     allocs = [f'w_packed_t{i} = T.alloc_buffer({layout.shape(g.rows, g.depth)}, "{dtype}")'
               for i, g in enumerate(forward.gemms) if g.stage == 0]
     allocs += [f'w_packed_a{i} = T.alloc_buffer({layout.shape(T * B, g.depth)}, "{ACCUMULATE}")'
                for i, g in enumerate(forward.gemms)]
     allocs += [f'd{g.name}_transposed = T.alloc_buffer(({g.rows}, {T * B}), "{ACCUMULATE}")' for g in forward.gemms]
-    prologue = [_view(f"d{s}_first", f"d{s}_seq", "0", B, H, ACCUMULATE) for s in cell.states]
-    prologue.append(_body(_weights_prologue(plan, T, B, dtype, layout)))
+    prologue = [_body(_weights_prologue(plan, T, B, dtype, layout))]
     frame = Skeleton(args, allocs, prologue, [])
     loop = f"""    with T.sblock("step"):
 {indent([_body(_weights_step(plan, T, B, dtype, layout, kept))], 8)}"""
@@ -306,22 +412,19 @@ def _weights(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayou
 
 
 def _weights_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
-    """The initial states' gradients; every GEMM's operand over all rows and the hoisted GEMMs'
-    weights, packed."""
+    """Every GEMM's operand over all rows and the hoisted GEMMs' weights, packed."""
     cell, forward = plan.cell, plan.forward
     x, states, params = placeholders(cell, T * B, dtype)
     stored = {g.name: te.placeholder((T * B, g.depth), ACCUMULATE, name=f"a_{g.name}_seq") for g in plan.recurrent}
     operands = {**trace_hoisted(forward, x, states, params, layout).operands, **stored}
-    firsts = [te.placeholder((B, cell.hidden_size), ACCUMULATE, name=f"d{s}_first") for s in cell.states]
-    outputs = [_storage(f, dtype, f"d{s}0") for s, f in zip(cell.states, firsts)]
-    outputs += [_transposed(g, params, layout, f"w_packed_t{i}") for i, g in enumerate(forward.gemms) if g.stage == 0]
+    outputs = [_transposed(g, params, layout, f"w_packed_t{i}") for i, g in enumerate(forward.gemms) if g.stage == 0]
     outputs += [
         _pack(lambda k, n, a=operands[g.name]: a[k, n].astype(ACCUMULATE), T * B, g.depth, layout, f"w_packed_a{i}")
         for i, g in enumerate(forward.gemms)
     ]
     d_results = [te.placeholder((T * B, g.rows), ACCUMULATE, name=f"d{g.name}_seq") for g in forward.gemms]
     outputs += [_transpose(d) for d in d_results]
-    inputs = [x, *params.values(), *stored.values(), *firsts, *d_results]
+    inputs = [x, *params.values(), *stored.values(), *d_results]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
@@ -340,7 +443,7 @@ def _weights_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Packed
         for i, g in enumerate(forward.gemms)
         if g.stage == 0
     }
-    d_steps = {p: te.placeholder((T, _numel(params[p].shape)), ACCUMULATE, name=f"d{p}_seq") for p in kept}
+    d_steps = {p: te.placeholder((1, _numel(params[p].shape)), ACCUMULATE, name=f"d{p}_sum") for p in kept}
     d_x_steps = [te.placeholder((rows, cell.input_size), ACCUMULATE, name="dx_seq")] if forward.x_in_step else []
 
     d_operands = [_gemm(d_results[g.name], transposed[g.name], layout, g.depth, f"grad_a_{g.name}") for g in forward.hoisted]
@@ -356,16 +459,16 @@ def _weights_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Packed
         outputs = [_storage(_or_zeros(dx, x), dtype, "dx")]
     for (name, p), d in zip(params.items(), found):
         terms = [] if d is None else [d]
-        terms += [_rows(d_weights[g.name], g.offset(m)) for g in forward.gemms for m in g.members if m.weight == name]
+        terms += [_from_row(d_weights[g.name], g.offset(m)) for g in forward.gemms for m in g.members if m.weight == name]
         if name in kept:
-            terms.append(_summed_over_steps(d_steps[name], p.shape))
+            terms.append(_unflattened(d_steps[name], p.shape))
         outputs.append(_total(terms, p.shape, dtype, f"d{name}"))
     inputs = [x, *params.values(), *d_results.values(), *packed.values(), *transposed.values(), *d_steps.values(),
               *d_x_steps, *by_row.values()]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
-def _rows(t: te.Tensor, start: int):
+def _from_row(t: te.Tensor, start: int):
     """Rows start.. of t, as a function of the indices (a matmul's weights in its GEMM's dW)."""
     return lambda n, k: t[n + start, k]
 
@@ -374,13 +477,10 @@ def _transpose(t: te.Tensor) -> te.Tensor:
     return te.compute((t.shape[1], t.shape[0]), lambda n, r: t[r, n], name=f"{t.op.name.removesuffix('_seq')}_transposed")
 
 
-def _summed_over_steps(seq: te.Tensor, shape) -> te.Tensor:
-    """The sum over t of a (T, numel) sequence of per-step adjoints, in ``shape``."""
+def _unflattened(flat: te.Tensor, shape) -> te.Tensor:
+    """A (1, numel) row in ``shape``, row-major."""
     strides = [math.prod(int(d) for d in shape[d + 1:]) for d in range(len(shape))]
-    t = te.reduce_axis((0, int(seq.shape[0])), name="t")
-    return te.compute(
-        shape, lambda *i: te.sum(seq[t, sum(v * s for v, s in zip(i, strides))], axis=t), name=f"{seq.op.name}_sum"
-    )
+    return lambda *i: flat[0, sum(v * s for v, s in zip(i, strides))]
 
 
 def _total(terms: list, shape, dtype: str, name: str) -> te.Tensor:

@@ -71,9 +71,10 @@ def forward(program, target, recipe, knobs: dict, record, build) -> CompiledCell
                    lambda path: CachedCell(program, target, recipe, knobs, record, deploy.load(path), path, build))
 
 
-def backward(program, target, recipe, knobs: dict, build) -> CompiledBackward:
-    """``build()``'s ``CompiledBackward`` for the ``BackwardProgram`` ``program``, as ``forward``."""
-    key = _key("backward", [program.bptt, program.weights], target, recipe, knobs)
+def backward(program, target, recipe, knobs: dict, adjoint, build) -> CompiledBackward:
+    """``build()``'s ``CompiledBackward`` for the ``BackwardProgram`` ``program``, as ``forward``
+    (its reversed loop ``adjoint``, compiled and cached as a forward)."""
+    key = _key("backward", list(program.functions.values()), target, recipe, knobs)
 
     def store(compiled, path):
         deploy._write_atomically(path, lambda tmp: compiled.module.export_library(str(tmp)))
@@ -85,7 +86,7 @@ def backward(program, target, recipe, knobs: dict, build) -> CompiledBackward:
         deploy._check_file(path, meta)
         if target.kind == "cuda":
             deploy._compile_kernels_for(target.isa)
-        return CachedBackward(program, target, recipe, knobs, tvm_ffi.load_module(str(path)), path, build)
+        return CachedBackward(program, target, recipe, knobs, tvm_ffi.load_module(str(path)), adjoint, path, build)
 
     return _cached(key, build, store, load)
 
@@ -202,8 +203,8 @@ class CachedBackward(_Rebuilt, CompiledBackward):
     """``compile_backward``'s result loaded from the cache entry ``cached`` (a path). ``schedules``
     are built on first access."""
 
-    def __init__(self, program, target, recipe, knobs: dict, module, cached: Path, build):
+    def __init__(self, program, target, recipe, knobs: dict, module, adjoint, cached: Path, build):
         self.program, self.target, self.recipe, self.knobs, self.module = program, target, recipe, knobs, module
-        self.cached, self._build = cached, build
+        self.adjoint, self.cached, self._build = adjoint, cached, build
 
     schedules = property(lambda self: self._built.schedules)

@@ -19,17 +19,20 @@ from .autodiff import adjoints
 from .backward import BackwardProgram, lower_backward
 from .cell import Cell, placeholders, trace
 from .compiler import check_problem, serialised
+from .compiler import compile as compile_cell
 from .lowering import lower
 from .oracle import _Evaluator
 from .plan import make_plan
-from .runtime import check_array, check_names, as_frame
+from .runtime import Arg, check_array, check_names, as_frame
 
 
 @serialised
 def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32", target="cpu",
                      knobs: dict | None = None) -> CompiledBackward:
-    """The backward of ``halstm.compile(cell, steps, batch, dtype, target)`` (``halstm.backward``),
-    scheduled by the target's step-loop recipe (``knobs`` overrides its defaults)."""
+    """The backward of ``halstm.compile(cell, steps, batch, dtype, target)`` (``halstm.backward``):
+    its reversed time loop, the adjoint cell, compiled as ``halstm.compile`` compiles a cell (the
+    recipe its records or the defaults choose); the functions around it over all rows scheduled by
+    the target's step-loop recipe (``knobs`` overrides its defaults)."""
     check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)
     recipe = next(r for r in schedules.BUILTIN if r.name == f"{target.kind}-step-loop")
@@ -37,32 +40,34 @@ def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32",
     forward = lower(cell, int(steps), int(batch), dtype, plan)
     knobs = recipe.resolve(forward, target, knobs)
     program = lower_backward(cell, int(steps), int(batch), dtype, plan, recipe.layout(forward, target, knobs))
+    adjoint = compile_cell(program.adjoint, int(steps) + 1, int(batch), dtype, target)
     from . import cache
 
     def build():
-        scheduled = {name: recipe.apply(p, target, **knobs) for name, p in (("bptt", program.bptt), ("weights", program.weights))}
+        scheduled = {name: recipe.apply(p, target, **knobs) for name, p in program.functions.items()}
         functions = {name: s.mod["main"].with_attr("global_symbol", name) for name, s in scheduled.items()}
         module = target.build(tvm.IRModule(functions), **getattr(recipe, "build_options", {}))
-        return CompiledBackward(program, target, recipe, knobs, scheduled, module)
+        return CompiledBackward(program, target, recipe, knobs, scheduled, module, adjoint)
 
-    return cache.backward(program, target, recipe, knobs, build)
+    return cache.backward(program, target, recipe, knobs, adjoint, build)
 
 
 class CompiledBackward:
     """``dx, dparams, dstates = f(x, params, seqs, grads)``, where ``seqs`` are the forward's state
     sequences (``CompiledCell.sequences``). NumPy arrays in, NumPy out; torch tensors in, torch out
     (shared through DLPack, as the forward). ``schedules`` holds each function's schedule by name
-    ("bptt", "weights"); ``cached``: the compiled-module cache's entry, None where it was built)."""
+    ("prepare", "rows", "weights"), ``adjoint`` the compiled reversed loop (a ``CompiledCell``);
+    ``cached``: the compiled-module cache's entry, None where it was built)."""
 
     cached = None
 
-    def __init__(self, program: BackwardProgram, target, recipe, knobs, schedules: dict, module):
+    def __init__(self, program: BackwardProgram, target, recipe, knobs, schedules: dict, module, adjoint):
         self.program, self.target, self.recipe, self.knobs = program, target, recipe, knobs
-        self.schedules, self.module = schedules, module
+        self.schedules, self.module, self.adjoint = schedules, module, adjoint
 
     def __call__(self, x, params: dict, seqs: dict, grads: dict | None = None):
         p = self.program
-        cell, T, B, dtype = p.plan.cell, p.bptt.steps, p.bptt.batch, p.bptt.dtype
+        cell, T, B, dtype = p.plan.cell, p.steps, p.batch, p.dtype
         device = self.target.device()
         frame = as_frame(x, device)
         params = check_names(params, "params", set(cell.parameters()), required=True)
@@ -75,24 +80,33 @@ class CompiledBackward:
             **{f"{s}_seq": (v, f"seqs['{s}']", sequence) for s, v in seqs.items()},
             **{f"g{s}_seq": (v, f"grads['{s}']", sequence) for s, v in grads.items()},
         }
-        buffers = {}
+        adjoint, buffers = p.adjoint, {}
+        from_adjoint = {f"{q}_seq" for q in adjoint.states}
         for arg in p.args:
             if arg.name in given:
                 value, what, shape = given[arg.name]
                 check_array(value, what, shape, dtype)
                 buffers[arg.name] = frame.share(value.reshape(arg.shape))
-            else:  # a state without a gradient, the buffers between the two functions, the results
+            elif arg.name not in from_adjoint:  # a state without a gradient, the buffers between, the results
                 buffers[arg.name] = frame.new(arg, zeros=arg.role == "grad")
-        for name, function in (("bptt", p.bptt), ("weights", p.weights)):
-            self.module[name](*(buffers[a.name] for a in function.args))
+        self.module["prepare"](*(buffers[a.name] for a in p.prepare.args))
+        # the adjoint's initial states: each final state's gradient (d<s>_local), zeros
+        zeros = frame.new(Arg("zeros", (B, cell.hidden_size), dtype, "buffer"), zeros=True)
+        initial = {q: zeros for q in adjoint.states}
+        initial |= {f"d{s}_local": frame.share(grads[s][T]) for s in grads}
+        buffers |= self.adjoint.run_on(buffers["adjoint_x"], {n: buffers[n] for n in adjoint.parameters()},
+                                       initial, lambda a: frame.new(a, False))
+        for name in ("rows", "weights"):
+            self.module[name](*(buffers[a.name] for a in p.functions[name].args))
         dx = frame.result(buffers["dx"]).reshape(T, B, cell.input_size)
+        first = (T + 1) * B  # the adjoint's last step: D_0
         return (dx, {n: frame.result(buffers[f"d{n}"]) for n in cell.parameters()},
-                {s: frame.result(buffers[f"d{s}0"]) for s in cell.states})
+                {s: frame.result(buffers[f"d{s}_seq"])[first:first + B] for s in cell.states})
 
     def __repr__(self):
-        p = self.program.bptt
-        return (f"<compiled backward of {p.cell!r} T={p.steps} B={p.batch} {p.dtype} on {self.target.key} "
-                f"with {self.recipe.name} {self.knobs}>")
+        p = self.program
+        return (f"<compiled backward of {p.plan.cell!r} T={p.steps} B={p.batch} {p.dtype} on {self.target.key} "
+                f"with {self.recipe.name} {self.knobs}, its reversed loop with {self.adjoint.recipe.name}>")
 
 
 def reference_backward(cell: Cell, x, params: dict, states: dict | None, grads: dict):

@@ -69,6 +69,11 @@ def tracing(tracer):
         _tracers.pop()
 
 
+def active_tracer():
+    """The tracer ``matmul`` routes to now (the innermost ``tracing``), or None."""
+    return _tracers[-1] if _tracers else None
+
+
 def plain_matmul(a: te.Tensor, weight: te.Tensor) -> te.Tensor:
     """``a @ weight.T`` as a plain reduction, accumulated in float32."""
     (rows, depth), (cols, _) = a.shape, weight.shape

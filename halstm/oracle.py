@@ -47,7 +47,6 @@ _CALLS = {
     "floor": np.floor,
     "ceil": np.ceil,
     "round": np.round,
-    "if_then_else": np.where,
 }
 
 _REDUCERS = {"Add": np.sum, "Max": np.max, "Min": np.min, "Mul": np.prod}
@@ -58,6 +57,7 @@ class _Evaluator:
 
     def __init__(self, bound: dict):
         self.values = dict(bound)  # op -> ndarray
+        self.guarded = 0  # inside a branch of if_then_else: reads past a tensor's end are discarded values
 
     def tensor(self, t: te.Tensor) -> np.ndarray:
         if t.op not in self.values:
@@ -99,7 +99,18 @@ class _Evaluator:
             name = e.op.name.split(".")[-1]
             if name == "tensor_load":
                 tensor, *index = e.args
-                return self.tensor(tensor)[tuple(np.asarray(self._expr(i, env, ndim)) for i in index)]
+                value = self.tensor(tensor)
+                index = [np.asarray(self._expr(i, env, ndim)) for i in index]
+                if self.guarded:  # TVM evaluates only the branch taken; both are evaluated here
+                    index = [np.clip(i, 0, n - 1) for i, n in zip(index, value.shape)]
+                return value[tuple(index)]
+            if name == "if_then_else":
+                condition = self._expr(e.args[0], env, ndim)
+                self.guarded += 1
+                try:
+                    return np.where(condition, *(self._expr(a, env, ndim) for a in e.args[1:]))
+                finally:
+                    self.guarded -= 1
             if name in _CALLS:
                 return _CALLS[name](*(self._expr(a, env, ndim) for a in e.args))
             raise NotImplementedError(f"the reference has no rule for '{e.op.name}'")

@@ -121,7 +121,7 @@ class _RecordingTracer:
         return result
 
 
-def _upstream(t: te.Tensor, stops: frozenset = frozenset()) -> set:
+def upstream(t: te.Tensor, stops: frozenset = frozenset()) -> set:
     """Every op that t is computed from, t's own included, not looking past the ops in ``stops``."""
     seen, todo = set(), [t.op]
     while todo:
@@ -143,7 +143,7 @@ def make_plan(cell: Cell) -> Plan:
 
     stage: dict[int, int] = {}
     for m in calls:  # call order is a topological order: an operand is built before it is used
-        up = _upstream(m.operand)
+        up = upstream(m.operand)
         if up & state_ops:
             stage[m.index] = 1 + max((stage[result_op[op].index] for op in up if op in result_op), default=0)
         else:
@@ -168,5 +168,5 @@ def make_plan(cell: Cell) -> Plan:
         calls,
         hoisted=[g for g in gemms if g.stage == 0],
         stages=[[g for g in gemms if g.stage == s] for s in range(1, depth + 1)],
-        x_in_step=any(traced.x.op in _upstream(t, hoisted_results) for t in traced.next_states),
+        x_in_step=any(traced.x.op in upstream(t, hoisted_results) for t in traced.next_states),
     )

@@ -82,6 +82,21 @@ class SequenceFunction:
         run()
         return finish()
 
+    def run_on(self, x, params: dict, states: dict, new) -> dict:
+        """The call on arrays of the target's kind already in the arguments' shapes and dtypes, not
+        checked (x as (T*B, I); states by name, each given); ``new(arg)`` allocates each output.
+        Returns the outputs (the state sequences, ((T+1)*B, H)) by argument name."""
+        tensors, outputs = [], {}
+        for arg, where, key in self._slots:
+            if arg.role == "x":
+                tensors.append(x)
+            elif where is not None:
+                tensors.append((params if where == "params" else states)[key])
+            else:
+                tensors.append(outputs.setdefault(arg.name, new(arg)))
+        self._main(*tensors)
+        return outputs
+
     def prepare(self, x, params: dict, states: dict | None = None):
         """Check and convert the arguments once; returns a function that runs the kernel and waits
         for the device, as benchmarks and the tuner time it."""

@@ -476,7 +476,8 @@ def fuse_epilogue(sch: Schedule, gemm, knobs: dict, program, target):
     gates never go to global memory. Returns the names of the nest's blocks, none where it does not
     apply: the layout does not group this GEMM's tile, its operand cannot be fetched on tensor cores
     (``fetches_its_operand``), or its readers are not one 2-D elementwise nest that reads no later
-    GEMM (ResetBeforeGRU's z gate, read after its second stage's GEMM)."""
+    GEMM (ResetBeforeGRU's z gate, read after its second stage's GEMM) and feeds none (the reversed
+    loop of ResetBeforeGRU's backward, whose second GEMM's operand that math computes)."""
     layout, name = program.layout, sch.get(gemm).name_hint
     info = next(g for g in program.plan.gemms if g.name == name)
     tile = step_tensor_core_tile(knobs, program.batch, info.rows, target)
@@ -492,6 +493,9 @@ def fuse_epilogue(sch: Schedule, gemm, knobs: dict, program, target):
     later = {g.name for g in program.plan.gemms if g.stage >= info.stage} - {name}
     blocks = sch.get_child_blocks(nest[0])
     if any(is_reduction(sch, b) or any(r.source.name in later for r in sch.get(b).reads) for b in blocks):
+        return set()
+    feeds = later | {f"{g}_operand" for g in later}
+    if any(sch.get(c).name_hint in feeds for b in blocks for c in sch.get_consumers(b)):
         return set()
     fused = {sch.get(b).name_hint for b in blocks}
     rows, cols = sch.get_loops(readers[0])

@@ -6,10 +6,11 @@ rewritten by substitution (``rewrite``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import tvm_ffi
-from tvm import tirx
+from tvm import ir, sym, tirx
 from tvm.tirx import IterVar
 from tvm.ir import TensorLoad
 from tvm.s_tir import Schedule
@@ -119,6 +120,11 @@ def _analyse_step(program, sch: Schedule) -> list | None:
     H, B = program.cell.hidden_size, program.batch
     inline_elementwise(sch, sch.get_sblock("step"))
     gemms = {g.name: g for g in program.plan.gemms}
+    for b in sch.get_child_blocks(sch.get_sblock("step")):  # a gathered operand (a concatenation of
+        block = sch.get(b)                                   # states) staged from where they are
+        if (block.name_hint.removesuffix("_operand") in gemms and block.name_hint.endswith("_operand")
+                and [int(iv.dom.extent) for iv in block.iter_vars] != [B, H] and not is_reduction(sch, b)):
+            sch.compute_inline(b)
     state_views = [f"{s}_t" for s in program.cell.states]
     blocks = []
     for b in sch.get_child_blocks(sch.get_sblock("step")):
@@ -153,7 +159,20 @@ def _analyse_step(program, sch: Schedule) -> list | None:
             blocks.append(Elementwise(store.buffer.name, ivs[0], ivs[1], store.value))
     if not any(isinstance(b, StepGemm) for b in blocks):
         return None  # nothing to keep on chip: the step loop runs it
-    return blocks
+    gemm_names = {b.gemm.name for b in blocks if isinstance(b, StepGemm)}
+    sums = {b.buffer for b in blocks if isinstance(b, Reduction)}
+    return [b if not isinstance(b, RowMath) or b.on_chip(gemm_names, sums, H) else _simplified(b, B, H)
+            for b in blocks]
+
+
+def _simplified(b: RowMath, B: int, H: int) -> RowMath:
+    """``b`` with its value simplified within the block's domain: an adjoint's selects between the
+    gates whose conditions the unit's range decides (a split's adjoint read at one gate) drop their
+    reads of other gates' columns."""
+    analyzer = sym.Analyzer()
+    analyzer.bind(b.row, ir.Range(0, B))
+    analyzer.bind(b.unit, ir.Range(0, b.width if isinstance(b, Reduction) else H))
+    return dataclasses.replace(b, value=analyzer.simplify(b.value))
 
 
 def _row_sum(block, ivs, B: int, H: int) -> Reduction | None:

@@ -240,11 +240,12 @@ def test_bad_arguments_are_named(rng):
 
 
 def test_the_step_adjoint_gemm_is_scheduled_as_a_gemm():
-    """dh += dG W runs each step in the recipe's GEMM micro-kernel (its register tile), and the weight
-    gradients after the loop too."""
+    """dh = dG W runs each step of the reversed loop (the adjoint cell's step GEMM) in the recipe's
+    GEMM micro-kernel (its register tile), and the weight gradients after the loop too."""
     _, backward = compiled(halstm.LSTM)
-    bptt = backward.schedules["bptt"].mod.script()
-    assert 'T.sblock("grad_a_gemm0_local")' in bptt[bptt.index('T.sblock("step")'):]
+    assert "gemm0 = concat @ [gemm0_t]^T" in str(backward.adjoint.plan)
+    reversed_loop = backward.adjoint.schedule.mod.script()
+    assert 'T.sblock("gemm0_local")' in reversed_loop[reversed_loop.index('T.sblock("step")'):]
     assert 'T.sblock("grad_w_gemm0_local")' in backward.schedules["weights"].mod.script()
 
 
@@ -292,7 +293,7 @@ def test_what_cannot_be_differentiated_is_named(cell_type, words, rng):
 # GatedNormRNN's layer norm stands for the layer-normalised cells; LayerNormLSTM's sums in CI, where it is slow
 @pytest.mark.parametrize("cell_type", SLOW_TO_COMPILE[:6], ids=lambda c: c.__name__)
 def test_backward_generates_cuda(cell_type, dtype, batch, hidden, tmp_path):
-    """The CUDA step-loop recipe schedules both backward functions; nvcc compiles them. In fp16 at
+    """The CUDA step-loop recipe schedules the backward's functions; nvcc compiles them. In fp16 at
     B=16 the GEMMs of fp16 operands run on tensor cores, those of the fp32 adjoints on FFMA (the
     tensor-core schedule failed there on an adjoint that other blocks read too, and on the weight
     gradients' fp32 operands). At H=32 the forward's layout groups LSTM's gate columns by units (a
@@ -305,21 +306,28 @@ def test_backward_generates_cuda(cell_type, dtype, batch, hidden, tmp_path):
     assert_nvcc_compiles(source, tmp_path)
     if cell_type in (halstm.LSTM, halstm.PeepholeLSTM) and dtype == "float16":
         assert halstm.compile(cell, 3, batch, dtype, target=h100, recipe="cuda-step-loop").program.layout.units
-        assert backward.program.bptt.layout.units is None
+        assert backward.program.rows.layout.units is None
+
+
+GPU_BACKWARD = [(c, dtype, (5, 16, 32)) for c in (halstm.LSTM, halstm.ResetBeforeGRU, halstm.LayerNormLSTM, GatedNormRNN)
+                for dtype in ("float32", "float16")]
+# the reversed loop in the persistent kernel (its defaults at these shapes), on tensor cores in fp16
+GPU_BACKWARD += [(c, dtype, (20, 16, 256)) for c in (halstm.LSTM, halstm.GRU) for dtype in ("float32", "float16")]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("cell_type", [halstm.LSTM, halstm.ResetBeforeGRU, halstm.LayerNormLSTM, GatedNormRNN],
-                         ids=lambda c: c.__name__)
-def test_backward_on_gpu_against_float64(cell_type, dtype, rng):
+@pytest.mark.parametrize("cell_type, dtype, shape", GPU_BACKWARD,
+                         ids=["{}-{}-T{}-B{}-H{}".format(c.__name__, d, *s) for c, d, s in GPU_BACKWARD])
+def test_backward_on_gpu_against_float64(cell_type, dtype, shape, rng):
     """Forward and backward on the GPU (B=16: fp16 GEMMs on tensor cores) against the float64 derivation."""
-    T, B, H = 5, 16, 32
+    T, B, H = shape
     cell = cell_type(H, H)
     target = CudaTarget.detect()
     forward = halstm.compile(cell, T, B, dtype, target=target)
     backward = compile_backward(cell, T, B, dtype, target=target)
+    if H == 256 and dtype == "float16":
+        assert backward.adjoint.recipe.name == "cuda-persistent"
     x, params, states = random_inputs(cell, T, B, rng, dtype)
     gy, finals = rng.standard_normal((T, B, H)), {s: rng.standard_normal((B, H)) for s in cell.states}
     to_gpu = lambda d: {k: torch.from_numpy(np.asarray(v)).cuda() for k, v in d.items()}

@@ -20,6 +20,8 @@ from halstm.schedules.persistent_kernel import PersistentKernel
 from halstm.targets import CudaTarget
 
 import halstm
+from halstm.adjoint import AdjointCell
+from halstm.plan import make_plan
 
 CELLS = (halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU)
 DTYPES = ("float32", "float16", "bfloat16")
@@ -792,3 +794,23 @@ def _check_on_gpu(c, T, batch, dtype, rng, knobs=None):
     assert rel_err(y.float().cpu().numpy(), want_y) < TOLERANCE[dtype], f.knobs
     for s in c.states:
         assert rel_err(final[s].float().cpu().numpy(), want_states[s]) < TOLERANCE[dtype], f.knobs
+
+
+def _reversed_loop(cell_type):
+    """The reversed loop of ``cell_type``'s backward (its adjoint cell) for ``_check_emulation``."""
+    return lambda inputs, hidden: AdjointCell(make_plan(cell_type(inputs, hidden)))
+
+
+REVERSED_LOOP = [EMULATED[0], EMULATED[4], (3, 5, 10, {"tensor_cores": True, "threads": 64, "units": 5})]
+
+
+@pytest.mark.parametrize("shape", REVERSED_LOOP, ids=["ffma", "row-blocks", "tensor-cores"])
+@pytest.mark.parametrize("cell", [halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM], ids=lambda c: c.__name__)
+def test_emulated_reversed_loop_matches_reference_without_races(cell, shape):
+    """The backward's reversed loop (``halstm.adjoint``) in the persistent kernel: its step GEMM's
+    operand gathered from the gates' adjoints of the last step (staged from their sequences), the
+    transposed weights on chip, the adjoint math re-indexed onto the block's units."""
+    B, I, H, knobs = shape
+    program = halstm.lower(_reversed_loop(cell)(I, H), 2, B)
+    assert PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {"tensor_cores": False, **knobs}))
+    _check_emulation(_reversed_loop(cell), B, I, H, knobs)

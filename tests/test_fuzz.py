@@ -27,7 +27,7 @@ from conftest import TOLERANCE, random_inputs, rel_err, upcast
 import halstm
 from halstm import ops
 from halstm.gradients import compile_backward, reference_backward
-from halstm.plan import _upstream
+from halstm.plan import upstream
 
 torch = pytest.importorskip("torch")
 
@@ -311,7 +311,7 @@ def reads_a_hoisted_matmul(cell) -> bool:
     """Whether a hoisted matmul's operand reads another hoisted matmul's result (``HOISTED_CHAIN_BUG``)."""
     plan = halstm.make_plan(cell)
     results = {m.result.op for g in plan.hoisted for m in g.members}
-    return any(_upstream(g.operand) & results for g in plan.hoisted)
+    return any(upstream(g.operand) & results for g in plan.hoisted)
 
 
 @pytest.mark.parametrize("seed", range(SEEDS), ids=lambda s: f"seed{s}")

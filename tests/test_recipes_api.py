@@ -98,8 +98,12 @@ def test_compile_reads_the_tuned_records_of_registered_recipes(tmp_path):
 
 def test_the_backward_programs_plans_print():
     backward = halstm.lower_backward(halstm.ResetBeforeGRU(4, 8), 3, 2)
-    bptt = str(backward.bptt.plan)
-    assert "stage 2: gemm1 = T_multiply @ [weight_hn]^T  (N=8, K=8)" in bptt
-    assert "then one fused elementwise block -> dgemm0, dgemm1" in bptt
-    assert "stage 3: grad_a_gemm0 = dgemm0 @ [weight_hr | weight_hz] -> d h" in bptt
+    reversed_loop = str(halstm.plan.make_plan(backward.adjoint))
+    assert "x_proj0 = T_multiply @ [weight_hn]^T  (N=8, K=8)" in reversed_loop  # the forward's, recomputed
+    assert "stage 1: gemm0 = concat @ [gemm0_t]^T  (N=8, K=16)" in reversed_loop
+    assert "stage 2: gemm1 = d_T_add @ [weight_hn_t]^T  (N=8, K=8)" in reversed_loop
+    rows = str(backward.rows.plan)
+    assert "stage 3: grad_a_gemm1 = dgemm1 @ [weight_hn] -> d T_multiply" in rows
+    assert "grad_a_gemm0" not in rows  # h's share is the reversed loop's
     assert "stage 1: grad_w_gemm1 = dgemm1^T @ T_multiply -> d [weight_hn]" in str(backward.weights.plan)
+    assert reversed_loop.replace("\n", "\n  ") in str(backward.plan)

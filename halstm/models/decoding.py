@@ -30,7 +30,7 @@ from ..cell import Params
 from ..lowering import (ACCUMULATE, PackedLayout, Skeleton, _body, _columns, _gemm, _packed, _prim_func,
                         _storage, _view, indent)
 from ..ops import CONCAT_TAG, argmax, concat, tracing
-from ..plan import Gemm, Matmul, Plan, _upstream
+from ..plan import Gemm, Matmul, Plan, upstream
 from ..runtime import Arg, check_array, check_names, as_frame, new_array
 
 FLOAT = "float32"
@@ -90,7 +90,7 @@ class _Splitter:
         starts = np.cumsum([0] + [int(p.shape[1]) for p in parts])
         each_step, once = [], []
         for part, start in zip(parts, starts):
-            (each_step if _upstream(part) & self.varying else once).append((part, int(start)))
+            (each_step if upstream(part) & self.varying else once).append((part, int(start)))
         name = weight.op.name
         result = None
         if once:
@@ -98,8 +98,8 @@ class _Splitter:
             result = te.placeholder(hoisted.shape, ACCUMULATE, name=hoisted.op.name)
             self.hoisted[hoisted.op.name] = (hoisted, result)
         if each_step:  # a stage after those of the step GEMMs its operand is made from
-            upstream = set().union(*(_upstream(p) for p, _ in each_step))
-            stage = 1 + max((s for op, s in self.stage_of.items() if op in upstream), default=0)
+            reads = set().union(*(upstream(p) for p, _ in each_step))
+            stage = 1 + max((s for op, s in self.stage_of.items() if op in reads), default=0)
             gemm = self._gemm(f"{name}_step", each_step, weight, stage)
             self.stage_of[gemm.op] = stage
             result = gemm if result is None else gemm + result
