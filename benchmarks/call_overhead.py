@@ -5,6 +5,12 @@ start after the call began and its duration, from torch.profiler's CUPTI trace):
 
     python benchmarks/call_overhead.py LSTM 100,16,512 float16 --device cuda
 
+With --backward, the same for the compiled backward (``b(x, params, seqs, grads)`` against
+``b.prepare``), then a training step of ``halstm.nn.LSTM``/``GRU`` (``y, _ = model(x);
+y.backward(dy)``) timed and profiled likewise:
+
+    python benchmarks/call_overhead.py LSTM 5,2,16 --backward --reps 3000
+
 Times are host wall-clock medians of --reps calls, each followed by a device synchronisation.
 """
 
@@ -29,6 +35,7 @@ def main():
     ap.add_argument("dtype", nargs="?", default="float32")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--backward", action="store_true", help="the compiled backward and a training step instead")
     a = ap.parse_args()
     T, B, H = map(int, a.shape.split(","))
     cell = BUILTIN[a.cell](H, H)
@@ -39,23 +46,54 @@ def main():
     params = {n: (torch.rand(s, device=a.device) * 0.1 - 0.05).to(dt) for n, s in cell.parameters().items()}
     states = {s: torch.randn(B, H, dtype=dt, device=a.device) for s in cell.states}
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    if a.backward:
+        return backward(a, cell, target, f, x, params, states, sync)
 
     call = 1e3 * median_ms(lambda: f(x, params, states), a.reps, warmup=10, sync=sync)
     prepared = 1e3 * median_ms(f.prepare(x, params, states), a.reps, warmup=10, sync=sync)
     print(f"{a.cell} T={T} B={B} H={H} {a.dtype} on {a.device}, recipe {f.recipe.name}: call {call:.1f} us, "
           f"prepared {prepared:.1f} us, overhead {call - prepared:.1f} us")
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(a.reps):
-        f(x, params, states)
-    sync()
-    profile.disable()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+    profiled(lambda: f(x, params, states), a.reps, sync)
     if a.device == "cuda":
         timeline(lambda: f(x, params, states))
         if a.cell in ("LSTM", "GRU"):
             print("cuDNN, same inputs:")
             timeline(cudnn_call(a.cell, H, dt, x, params, states))
+
+
+def backward(a, cell, target, f, x, params, states, sync):
+    """The compiled backward's call against its kernels alone, then a training step of halstm.nn."""
+    T, B, H = x.shape
+    b = halstm.compile_backward(cell, T, B, a.dtype, target=target)
+    seqs = f.sequences(x, params, states)
+    grads = {s: torch.randn_like(v) for s, v in seqs.items()}
+    call = 1e3 * median_ms(lambda: b(x, params, seqs, grads), a.reps, warmup=10, sync=sync)
+    prepared = 1e3 * median_ms(b.prepare(x, params, seqs, grads), a.reps, warmup=10, sync=sync)
+    print(f"backward of {a.cell} T={T} B={B} H={H} {a.dtype} on {a.device}: call {call:.1f} us, "
+          f"prepared {prepared:.1f} us, overhead {call - prepared:.1f} us")
+    profiled(lambda: b(x, params, seqs, grads), a.reps, sync)
+    if a.cell not in ("LSTM", "GRU"):
+        return
+    model = getattr(halstm.nn, a.cell)(H, H, device=a.device, dtype=x.dtype)
+    xs, dy = x.clone().requires_grad_(), torch.randn_like(x)
+
+    def step():
+        y, _ = model(xs)
+        y.backward(dy)
+
+    print(f"training step of halstm.nn.{a.cell} (forward and backward): {1e3 * median_ms(step, a.reps, 10, sync):.1f} us")
+    profiled(step, a.reps, sync)
+
+
+def profiled(call, reps, sync):
+    """cProfile's top entries by own time over ``reps`` calls."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(reps):
+        call()
+    sync()
+    profile.disable()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(15)
 
 
 def cudnn_call(name, H, dt, x, params, states):

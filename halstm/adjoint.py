@@ -27,6 +27,9 @@ step more: its ``d<s>`` are D_0, the initial states' gradients.
 
 from __future__ import annotations
 
+import functools
+import operator
+
 from tvm import te
 
 from .autodiff import adjoints
@@ -40,9 +43,9 @@ class AdjointCell(Cell):
 
     output = None  # set per instance: the first state
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, gathered: bool = True):
         cell, H = plan.cell, plan.cell.hidden_size
-        self.forward = plan
+        self.forward, self.gathered = plan, gathered
         self.first = [g for g in plan.step_gemms if g.stage == 1]
         for g in self.first:
             if g.rows % H:
@@ -87,9 +90,19 @@ class AdjointCell(Cell):
     def parameters(self):
         shapes = self.forward.cell.parameters()
         out = {n: shapes[n] for n in self.elementwise}
-        out |= {f"{g.name}_t": (g.depth, g.rows) for g in self.first}
+        out |= {name: (g.depth, width) for name, (g, _, width) in self.transposed().items()}
         out |= {f"{m.weight}_t": (m.depth, m.rows) for g in self.later for m in g.members}
         return out
+
+    def transposed(self) -> dict:
+        """The weights of the operands' adjoints by parameter name: (first-stage GEMM, its first
+        column, columns), its stacked weights transposed; with ``gathered`` one a GEMM (its
+        operand the gate blocks side by side), else one a gate block (a GEMM each, its operand a
+        state as stored)."""
+        H = self.forward.cell.hidden_size
+        if self.gathered:
+            return {f"{g.name}_t": (g, 0, g.rows) for g in self.first}
+        return {f"{g.name}_t{j}": (g, j * H, H) for g in self.first for j in range(g.rows // H)}
 
     def step(self, p, x, *states):
         cell, H = self.forward.cell, self.forward.cell.hidden_size
@@ -105,7 +118,11 @@ class AdjointCell(Cell):
         for g in self.first:
             blocks = d_gemm[start:start + g.rows // H]
             start += g.rows // H
-            d_operand[g.name] = matmul(concat(*blocks) if len(blocks) > 1 else blocks[0], p[f"{g.name}_t"])
+            if self.gathered:
+                d_operand[g.name] = matmul(concat(*blocks) if len(blocks) > 1 else blocks[0], p[f"{g.name}_t"])
+            else:
+                d_operand[g.name] = functools.reduce(operator.add, (matmul(b, p[f"{g.name}_t{j}"])
+                                                                    for j, b in enumerate(blocks)))
         nexts = [column(f"{s}_next") if self.reads_next else s_local for s, s_local in zip(cell.states, local)]
         d_next = _add(local, self._through_operands(nexts, d_operand, p))
 

@@ -20,8 +20,9 @@ functions compute the gradients with respect to x, every parameter and the initi
             operand's expression to x and the parameters; dx is the hoisted GEMMs' part plus the
             steps' own.
 
-The buffers between the functions are float32 but for the adjoint cell's, which are in the storage
-dtype as any cell's; gradients come out in the storage dtype.
+The buffers between the functions are float32, but for the adjoint cell's (in the storage dtype, as
+any cell's) and the weight gradients' GEMM operands (in the storage dtype, on tensor cores: ``_between``);
+gradients come out in the storage dtype.
 """
 
 from __future__ import annotations
@@ -75,9 +76,12 @@ class GradGemm:
 
 @dataclass
 class BackwardPlan:
-    """The forward's plan and the GEMMs the backward adds to it."""
+    """The forward's plan and the GEMMs the backward adds to it; ``gathered``: the form of the
+    adjoint cell's operand GEMMs (``AdjointCell``); ``exact_weights``: see ``_between``."""
 
     forward: Plan
+    gathered: bool = True
+    exact_weights: bool = False  # the weight gradients' GEMM operands in float32 whatever the dtype
 
     @property
     def cell(self) -> Cell:
@@ -102,7 +106,7 @@ class BackwardPlan:
 
     @functools.cached_property
     def adjoint(self) -> AdjointCell:
-        return AdjointCell(self.forward)
+        return AdjointCell(self.forward, self.gathered)
 
     def prepare_plan(self) -> Plan:
         """The prepare function's GEMMs: the hoisted ones in its prologue, the first stage's in its step."""
@@ -185,13 +189,17 @@ def lower_backward(
     dtype: str = "float32",
     plan: Plan | None = None,
     layout: PackedLayout | None = None,
+    gathered: bool = True,
+    exact_weights: bool = False,
 ) -> BackwardProgram:
     """The backward of ``lower(cell, steps, batch, dtype, plan, layout)`` (unscheduled). Its weights
     are packed in ``layout``'s strips, (K, N) otherwise, the gates' columns in order: columns grouped
     by units (a fused step epilogue's layout) would be gathers that autodiff cannot differentiate,
     and the backward packs its own weights, so it needs neither that grouping nor the forward's
-    (N, K) layout or its float32 split (``tf32x3``): exact float32 stays on FFMA here."""
-    backward = BackwardPlan(plan or make_plan(cell))
+    (N, K) layout or its float32 split (``tf32x3``): exact float32 stays on FFMA here. ``gathered``:
+    the reversed loop's operand GEMM one a first-stage GEMM, else one a gate (``AdjointCell``);
+    ``exact_weights``: the weight gradients' GEMMs on float32 operands (``_between``)."""
+    backward = BackwardPlan(plan or make_plan(cell), gathered, exact_weights)
     layout = PackedLayout(tile=layout.tile) if layout else PackedLayout()
     prepare = _prepare(backward, steps, batch, dtype, layout)
     rows, kept = _rows(backward, steps, batch, dtype, layout)
@@ -258,15 +266,13 @@ def _prepare_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Pa
     hoisted = trace_hoisted(forward, x, states, params, layout)
     outputs = [hoisted.gemms[g.name] for g in forward.hoisted]
     outputs += [hoisted.packed[g.name] for g in forward.gemms if g.stage == 1]
-    first = {f"{g.name}_t": g for g in forward.gemms if g.stage == 1}
+    first = adjoint.transposed()
     later = {f"{m.weight}_t": params[m.weight] for g in forward.gemms if g.stage > 1 for m in g.members}
 
     def transposed(name, shape):
         if name in first:
-            # one matmul: its weight itself (no select, whose bfloat16 vectors the CPU build refuses)
-            g = first[name]
-            w = params[g.members[0].weight] if len(g.members) == 1 else None
-            return te.compute(shape, lambda k, n: w[n, k] if w is not None else stacked(g, params, n, k), name=name)
+            g, start, _ = first[name]
+            return te.compute(shape, lambda k, n: stacked(g, params, start + n, k), name=name)
         return te.compute(shape, lambda k, n: later[name][n, k], name=name)
 
     outputs += [transposed(n, shape) for n, shape in adjoint.parameters().items() if n in first or n in later]
@@ -318,8 +324,9 @@ def _rows(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) 
     args = [Arg("x", (T * B, cell.input_size), dtype, "x"), *_param_args(cell, dtype)]
     args += [Arg(f"{s}_seq", ((T + 1) * B, H), dtype, "seq") for s in cell.states]
     args += [Arg(f"d{s}_seq", ((T + 2) * B, H), dtype, "buffer") for s in cell.states]  # the adjoint's
-    args += [Arg(f"d{g.name}_seq", (T * B, g.rows), ACCUMULATE, "buffer") for g in forward.gemms]
-    args += [Arg(f"a_{g.name}_seq", (T * B, g.depth), ACCUMULATE, "buffer") for _, g in recurrent]
+    between = _between(plan, dtype)
+    args += [Arg(f"d{g.name}_seq", (T * B, g.rows), between, "buffer") for g in forward.gemms]
+    args += [Arg(f"a_{g.name}_seq", (T * B, g.depth), between, "buffer") for _, g in recurrent]
     args += [Arg(f"d{p}_sum", (1, _numel(cell.parameters()[p])), ACCUMULATE, "buffer") for p in kept]
     args += _x_in_step_args(forward, T, B)
     allocs = [f'{g.name} = T.alloc_buffer(({T * B}, {g.rows}), "{ACCUMULATE}")' for g in forward.hoisted]
@@ -331,8 +338,8 @@ def _rows(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) 
         views += [_view("x_t", "x", "0", T * B, cell.input_size, dtype),
                   _view("dx_t", "dx_seq", "0", T * B, cell.input_size, ACCUMULATE)]
     views += [_view(f"{s}_t", f"{s}_seq", "0", T * B, H, dtype) for s in cell.states]
-    views += [_view(f"d{g.name}_t", f"d{g.name}_seq", "0", T * B, g.rows, ACCUMULATE) for g in forward.gemms]
-    views += [_view(f"a_{g.name}_t", f"a_{g.name}_seq", "0", T * B, g.depth, ACCUMULATE) for _, g in recurrent]
+    views += [_view(f"d{g.name}_t", f"d{g.name}_seq", "0", T * B, g.rows, between) for g in forward.gemms]
+    views += [_view(f"a_{g.name}_t", f"a_{g.name}_seq", "0", T * B, g.depth, between) for _, g in recurrent]
     views += [_view(f"d{p}_t", f"d{p}_sum", "0", 1, _numel(cell.parameters()[p]), ACCUMULATE) for p in kept]
     frame = Skeleton(args, allocs, prologue, views)
     return _function(plan.rows_plan(), 1, T * B, dtype, layout, frame, _one_step(frame, step)), kept
@@ -379,8 +386,9 @@ def _rows_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLay
     d_results, d_params = found[: len(results)], dict(zip(step.params, found[len(results):]))
     kept = [p for p, d in d_params.items() if d is not None]
 
-    outputs = [_storage(_or_zeros(d, r), ACCUMULATE, f"d{g.name}_t") for g, r, d in zip(forward.gemms, results, d_results)]
-    outputs += [_storage(step.operands[g.name], ACCUMULATE, f"a_{g.name}_t") for g in plan.recurrent]
+    between = _between(plan, dtype)
+    outputs = [_storage(_or_zeros(d, r), between, f"d{g.name}_t") for g, r, d in zip(forward.gemms, results, d_results)]
+    outputs += [_storage(step.operands[g.name], between, f"a_{g.name}_t") for g in plan.recurrent]
     outputs += [_flat(d_params[p], f"d{p}_t") for p in kept]
     outputs += [_storage(_or_zeros(d, x), ACCUMULATE, "dx_t") for x, d in zip(x_t, d_x_t)]
     inputs = [*step.inputs, *transposed.values(), *adjoint]
@@ -389,21 +397,30 @@ def _rows_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLay
 
 # --- weights: all T*B rows at once ---------------------------------------------------------------
 
+def _between(plan: BackwardPlan, dtype: str) -> str:
+    """The dtype of what rows passes weights for its GEMMs (each result's adjoint dG, each recurrent
+    operand): the storage dtype, so that fp16/bf16 GEMMs run on tensor cores, unless the plan asks
+    for float32 (``exact_weights``). H100, LSTM fp16 (100,64,1024): the weights function took 5.77 ms
+    with float32 operands."""
+    return ACCUMULATE if plan.exact_weights else dtype
+
+
 def _weights(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout, kept: list[str]) -> Program:
     cell, forward, H = plan.cell, plan.forward, plan.cell.hidden_size
     shapes = cell.parameters()
     args = [Arg("x", (T * B, cell.input_size), dtype, "x"), *_param_args(cell, dtype)]
-    args += [Arg(f"d{g.name}_seq", (T * B, g.rows), ACCUMULATE, "buffer") for g in forward.gemms]
-    args += [Arg(f"a_{g.name}_seq", (T * B, g.depth), ACCUMULATE, "buffer") for g in plan.recurrent]
+    between = _between(plan, dtype)
+    args += [Arg(f"d{g.name}_seq", (T * B, g.rows), between, "buffer") for g in forward.gemms]
+    args += [Arg(f"a_{g.name}_seq", (T * B, g.depth), between, "buffer") for g in plan.recurrent]
     args += [Arg(f"d{p}_sum", (1, _numel(shapes[p])), ACCUMULATE, "buffer") for p in kept]
     args += _x_in_step_args(forward, T, B)
     args += [Arg("dx", (T * B, cell.input_size), dtype, "output")]
     args += [Arg(f"d{p}", tuple(shape), dtype, "output") for p, shape in shapes.items()]
     allocs = [f'w_packed_t{i} = T.alloc_buffer({layout.shape(g.rows, g.depth)}, "{dtype}")'
               for i, g in enumerate(forward.gemms) if g.stage == 0]
-    allocs += [f'w_packed_a{i} = T.alloc_buffer({layout.shape(T * B, g.depth)}, "{ACCUMULATE}")'
+    allocs += [f'w_packed_a{i} = T.alloc_buffer({layout.shape(T * B, g.depth)}, "{between}")'
                for i, g in enumerate(forward.gemms)]
-    allocs += [f'd{g.name}_transposed = T.alloc_buffer(({g.rows}, {T * B}), "{ACCUMULATE}")' for g in forward.gemms]
+    allocs += [f'd{g.name}_transposed = T.alloc_buffer(({g.rows}, {T * B}), "{between}")' for g in forward.gemms]
     prologue = [_body(_weights_prologue(plan, T, B, dtype, layout))]
     frame = Skeleton(args, allocs, prologue, [])
     loop = f"""    with T.sblock("step"):
@@ -413,16 +430,16 @@ def _weights(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayou
 
 def _weights_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
     """Every GEMM's operand over all rows and the hoisted GEMMs' weights, packed."""
-    cell, forward = plan.cell, plan.forward
+    cell, forward, between = plan.cell, plan.forward, _between(plan, dtype)
     x, states, params = placeholders(cell, T * B, dtype)
-    stored = {g.name: te.placeholder((T * B, g.depth), ACCUMULATE, name=f"a_{g.name}_seq") for g in plan.recurrent}
+    stored = {g.name: te.placeholder((T * B, g.depth), between, name=f"a_{g.name}_seq") for g in plan.recurrent}
     operands = {**trace_hoisted(forward, x, states, params, layout).operands, **stored}
     outputs = [_transposed(g, params, layout, f"w_packed_t{i}") for i, g in enumerate(forward.gemms) if g.stage == 0]
     outputs += [
-        _pack(lambda k, n, a=operands[g.name]: a[k, n].astype(ACCUMULATE), T * B, g.depth, layout, f"w_packed_a{i}")
+        _pack(lambda k, n, a=operands[g.name]: a[k, n].astype(between), T * B, g.depth, layout, f"w_packed_a{i}")
         for i, g in enumerate(forward.gemms)
     ]
-    d_results = [te.placeholder((T * B, g.rows), ACCUMULATE, name=f"d{g.name}_seq") for g in forward.gemms]
+    d_results = [te.placeholder((T * B, g.rows), between, name=f"d{g.name}_seq") for g in forward.gemms]
     outputs += [_transpose(d) for d in d_results]
     inputs = [x, *params.values(), *stored.values(), *d_results]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
@@ -430,12 +447,12 @@ def _weights_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Pa
 
 def _weights_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout, kept: list[str]):
     """dW = dG^T A per GEMM; dA = dG W per hoisted GEMM, on to x and the parameters."""
-    cell, forward, rows = plan.cell, plan.forward, T * B
+    cell, forward, rows, between = plan.cell, plan.forward, T * B, _between(plan, dtype)
     x, states, params = placeholders(cell, rows, dtype)
     hoisted = trace_hoisted(forward, x, states, params, layout)
-    d_results = {g.name: te.placeholder((rows, g.rows), ACCUMULATE, name=f"d{g.name}_seq") for g in forward.gemms}
+    d_results = {g.name: te.placeholder((rows, g.rows), between, name=f"d{g.name}_seq") for g in forward.gemms}
     packed = {
-        g.name: te.placeholder(layout.shape(rows, g.depth), ACCUMULATE, name=f"w_packed_a{i}")
+        g.name: te.placeholder(layout.shape(rows, g.depth), between, name=f"w_packed_a{i}")
         for i, g in enumerate(forward.gemms)
     }
     transposed = {
@@ -448,7 +465,7 @@ def _weights_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Packed
 
     d_operands = [_gemm(d_results[g.name], transposed[g.name], layout, g.depth, f"grad_a_{g.name}") for g in forward.hoisted]
     dx, *found = adjoints([hoisted.operands[g.name] for g in forward.hoisted], d_operands, [x, *params.values()])
-    by_row = {g.name: te.placeholder((g.rows, rows), ACCUMULATE, name=f"d{g.name}_transposed") for g in forward.gemms}
+    by_row = {g.name: te.placeholder((g.rows, rows), between, name=f"d{g.name}_transposed") for g in forward.gemms}
     d_weights = {
         g.name: _gemm(by_row[g.name], packed[g.name], layout, g.depth, f"grad_w_{g.name}")
         for g in forward.gemms

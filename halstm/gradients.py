@@ -9,9 +9,13 @@ on the output sequence y and the final states: ``grads[cell.output][1:] = dL/dy`
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import numpy as np
 import tvm
 from tvm import te
+from tvm.s_tir.schedule import ScheduleError
 
 from halstm import schedules, targets
 
@@ -23,7 +27,7 @@ from .compiler import compile as compile_cell
 from .lowering import lower
 from .oracle import _Evaluator
 from .plan import make_plan
-from .runtime import Arg, check_array, check_names, as_frame
+from .runtime import Arg, Pack, as_frame, on_cpu, check_array, check_names
 
 
 @serialised
@@ -35,21 +39,45 @@ def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32",
     the target's step-loop recipe (``knobs`` overrides its defaults)."""
     check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)
-    recipe = next(r for r in schedules.BUILTIN if r.name == f"{target.kind}-step-loop")
-    plan = make_plan(cell)
-    forward = lower(cell, int(steps), int(batch), dtype, plan)
-    knobs = recipe.resolve(forward, target, knobs)
-    program = lower_backward(cell, int(steps), int(batch), dtype, plan, recipe.layout(forward, target, knobs))
+    recipe, knobs, program, scheduled = lower_backward_for(cell, int(steps), int(batch), dtype, target, knobs)
     adjoint = compile_cell(program.adjoint, int(steps) + 1, int(batch), dtype, target)
     from . import cache
 
     def build():
-        scheduled = {name: recipe.apply(p, target, **knobs) for name, p in program.functions.items()}
-        functions = {name: s.mod["main"].with_attr("global_symbol", name) for name, s in scheduled.items()}
+        made = {name: scheduled.get(name) or recipe.apply(p, target, **knobs) for name, p in program.functions.items()}
+        functions = {name: s.mod["main"].with_attr("global_symbol", name) for name, s in made.items()}
         module = target.build(tvm.IRModule(functions), **getattr(recipe, "build_options", {}))
-        return CompiledBackward(program, target, recipe, knobs, scheduled, module, adjoint)
+        return CompiledBackward(program, target, recipe, knobs, made, module, adjoint)
 
     return cache.backward(program, target, recipe, knobs, adjoint, build)
+
+
+def lower_backward_for(cell: Cell, steps: int, batch: int, dtype: str, target, knobs: dict | None = None):
+    """(recipe, knobs, BackwardProgram, schedules made on the way by name) for ``compile_backward``:
+    the target's step-loop recipe and its knobs, the backward lowered in its layout, its reversed
+    loop's operand GEMMs one a gate where the persistent kernel runs it in fp16/bf16 (each polling a
+    gate's adjoint as stored), one gathered GEMM otherwise (H100, T=100, reversed loop ms, gathered / one a gate: LSTM fp16
+    (100,16,512) 0.766 / 0.670, (100,64,1024) 2.374 (step loop) / 1.599; GRU fp16 0.641 / 0.525,
+    1.887 / 1.020; LSTM fp32 (100,16,512) 0.679 / 0.857); the weight gradients' fp16/bf16 GEMMs on
+    tensor cores where TVM schedules the functions so (scheduled here to find out), else on float32
+    operands."""
+    recipe = next(r for r in schedules.BUILTIN if r.name == f"{target.kind}-step-loop")
+    plan = make_plan(cell)
+    forward = lower(cell, steps, batch, dtype, plan)
+    knobs = recipe.resolve(forward, target, knobs)
+    layout = recipe.layout(forward, target, knobs)
+    program = lower_backward(cell, steps, batch, dtype, plan, layout, gathered=False)
+    reversed_loop = lower(program.adjoint, steps + 1, batch, dtype)
+    gathered = dtype == "float32" or schedules.recipes_for(reversed_loop, target)[0].name != "cuda-persistent"
+    if gathered:
+        program = lower_backward(cell, steps, batch, dtype, plan, layout, gathered)
+    if dtype == "float32":
+        return recipe, knobs, program, {}
+    try:
+        return recipe, knobs, program, {name: recipe.apply(p, target, **knobs) for name, p in program.functions.items()}
+    except ScheduleError:  # WMMA's schedule of a GEMM padded to its tiles left the next one without a
+        # stage pipeline (sizes that are not whole tiles, as LSTM T=5, B=16, H=32)
+        return recipe, knobs, lower_backward(cell, steps, batch, dtype, plan, layout, gathered, exact_weights=True), {}
 
 
 class CompiledBackward:
@@ -65,48 +93,150 @@ class CompiledBackward:
         self.program, self.target, self.recipe, self.knobs = program, target, recipe, knobs
         self.schedules, self.module, self.adjoint = schedules, module, adjoint
 
+    @functools.cached_property
+    def _plan(self) -> _CallPlan:
+        return _CallPlan(self)
+
     def __call__(self, x, params: dict, seqs: dict, grads: dict | None = None):
-        p = self.program
-        cell, T, B, dtype = p.plan.cell, p.steps, p.batch, p.dtype
-        device = self.target.device()
-        frame = as_frame(x, device)
-        params = check_names(params, "params", set(cell.parameters()), required=True)
-        seqs = check_names(seqs, "seqs", set(cell.states), required=True)
-        grads = check_names(grads or {}, "grads", set(cell.states), required=False)
-        sequence = (T + 1, B, cell.hidden_size)
-        given = {  # argument name -> (what the caller passed, its name for errors, the shape expected)
-            "x": (x, "x", (T, B, cell.input_size)),
-            **{n: (v, f"params['{n}']", tuple(cell.parameters()[n])) for n, v in params.items()},
-            **{f"{s}_seq": (v, f"seqs['{s}']", sequence) for s, v in seqs.items()},
-            **{f"g{s}_seq": (v, f"grads['{s}']", sequence) for s, v in grads.items()},
-        }
-        adjoint, buffers = p.adjoint, {}
-        from_adjoint = {f"{q}_seq" for q in adjoint.states}
-        for arg in p.args:
-            if arg.name in given:
-                value, what, shape = given[arg.name]
+        buffers, finish = self._bind(x, params, seqs, grads)
+        for function, args in self._plan.calls:
+            function(*args(buffers))
+        return finish()
+
+    def prepare(self, x, params: dict, seqs: dict, grads: dict | None = None):
+        """Check the arguments and allocate the buffers once; returns a function that runs the four
+        compiled functions and waits for the device, as benchmarks time the kernels alone."""
+        buffers, _ = self._bind(x, params, seqs, grads)
+        calls = [(function, args(buffers)) for function, args in self._plan.calls]
+
+        def timed():
+            for function, args in calls:
+                function(*args)
+            self._plan.device.sync()
+
+        return timed
+
+    def _bind(self, x, params: dict, seqs: dict, grads: dict | None):
+        """A call's buffers by slot (``_CallPlan``), the caller's arrays checked and shared, the rest
+        allocated; and the function that returns (dx, dparams, dstates) after the call. A call's host
+        time beyond its kernels, torch tensors, LSTM T=5 B=2 H=16 float32 on the 2-core CPU machine
+        (``python benchmarks/call_overhead.py LSTM 5,2,16 --backward --reps 3000``): 105-120 us;
+        210-220 us before the call plan (functions looked up each call, a dict of every argument,
+        each buffer allocated on its own), 365-375 us where the module was built in the process
+        (each lookup then goes through the module's import tree)."""
+        plan, dtype, T, B = self._plan, self.program.dtype, self.program.steps, self.program.batch
+        frame = as_frame(x, plan.device, plan.cpu)
+        params = check_names(params, "params", plan.param_names, required=True)
+        seqs = check_names(seqs, "seqs", plan.state_names, required=True)
+        grads = check_names(grads or {}, "grads", plan.state_names, required=False)
+        sources, share = {"x": {"x": x}, "params": params, "seqs": seqs, "grads": grads}, frame.share
+        buffers, missing = [None] * plan.count, None
+        for slot, where, key, what, shape, view in plan.given:
+            source = sources[where]
+            if key in source:
+                value = source[key]
                 check_array(value, what, shape, dtype)
-                buffers[arg.name] = frame.share(value.reshape(arg.shape))
-            elif arg.name not in from_adjoint:  # a state without a gradient, the buffers between, the results
-                buffers[arg.name] = frame.new(arg, zeros=arg.role == "grad")
-        self.module["prepare"](*(buffers[a.name] for a in p.prepare.args))
-        # the adjoint's initial states: each final state's gradient (d<s>_local), zeros
-        zeros = frame.new(Arg("zeros", (B, cell.hidden_size), dtype, "buffer"), zeros=True)
-        initial = {q: zeros for q in adjoint.states}
-        initial |= {f"d{s}_local": frame.share(grads[s][T]) for s in grads}
-        buffers |= self.adjoint.run_on(buffers["adjoint_x"], {n: buffers[n] for n in adjoint.parameters()},
-                                       initial, lambda a: frame.new(a, False))
-        for name in ("rows", "weights"):
-            self.module[name](*(buffers[a.name] for a in p.functions[name].args))
-        dx = frame.result(buffers["dx"]).reshape(T, B, cell.input_size)
-        first = (T + 1) * B  # the adjoint's last step: D_0
-        return (dx, {n: frame.result(buffers[f"d{n}"]) for n in cell.parameters()},
-                {s: frame.result(buffers[f"d{s}_seq"])[first:first + B] for s in cell.states})
+                buffers[slot] = share(value if view is None else value.reshape(view))
+            else:  # a state without a gradient: zeros, one buffer for all such (the kernels only read it)
+                if missing is None:
+                    missing = frame.new(plan.grad_arg, zeros=True)
+                buffers[slot] = missing
+        zeros = frame.new(plan.zeros_arg, zeros=True)
+        for slot, s in plan.initial:  # the adjoint's initial states: each final state's gradient, else zeros
+            buffers[slot] = share(grads[s][T]) if s in grads else zeros
+        for slot, value in zip(plan.scratch_slots, frame.new_all(plan.scratch)):
+            buffers[slot] = value
+        for slot, arg in plan.results:
+            buffers[slot] = frame.new(arg, zeros=False)
+
+        def finish():
+            result, first = frame.result, (T + 1) * B  # the adjoint's last step: D_0
+            return (result(buffers[plan.dx]).reshape(T, B, plan.input_size),
+                    {n: result(buffers[i]) for n, i in plan.dparams},
+                    {s: result(buffers[i])[first:first + B] for s, i in plan.dstates})
+
+        return buffers, finish
 
     def __repr__(self):
         p = self.program
         return (f"<compiled backward of {p.plan.cell!r} T={p.steps} B={p.batch} {p.dtype} on {self.target.key} "
                 f"with {self.recipe.name} {self.knobs}, its reversed loop with {self.adjoint.recipe.name}>")
+
+
+class _CallPlan:
+    """A CompiledBackward's calls worked out once: each buffer of its four functions by slot (an
+    index into a call's list of buffers), where each comes from (the caller's arrays, checked and
+    shared; zeros; one allocation for the buffers between the functions; one each for the results,
+    which outlive the call), and the compiled functions bound with their arguments' slots in order."""
+
+    def __init__(self, backward: CompiledBackward):
+        p, adjoint = backward.program, backward.adjoint
+        cell, T, B, dtype, H = p.plan.cell, p.steps, p.batch, p.dtype, p.plan.cell.hidden_size
+        self.device = backward.target.device()
+        self.cpu = on_cpu(self.device)
+        self.param_names, self.state_names, self.input_size = set(cell.parameters()), set(cell.states), cell.input_size
+        slots: dict[str, int] = {}
+
+        def slot(name: str) -> int:
+            return slots.setdefault(name, len(slots))
+
+        sequence = (T + 1, B, H)
+        callers = {"x": ("x", "x", "x", (T, B, cell.input_size)),  # buffer -> (where, key, name in errors, shape)
+                   **{n: ("params", n, f"params['{n}']", tuple(shape)) for n, shape in cell.parameters().items()},
+                   **{f"{s}_seq": ("seqs", s, f"seqs['{s}']", sequence) for s in cell.states},
+                   **{f"g{s}_seq": ("grads", s, f"grads['{s}']", sequence) for s in cell.states}}
+        results = {"dx", *(f"d{n}" for n in cell.parameters()), *(f"d{s}_seq" for s in cell.states)}
+        from_adjoint = {a.name for a in adjoint.signature.args if a.role == "output"}
+        # (slot, where, key, name in errors, shape expected, shape passed or None where the same)
+        self.given: list[tuple] = []
+        self.results: list[tuple[int, Arg]] = []
+        scratch: list[Arg] = []
+        self.grad_arg = next(a for a in p.args if a.role == "grad")
+        self.zeros_arg = Arg("zeros", (B, H), dtype, "buffer")
+
+        def allocated(arg: Arg):
+            if arg.name in results:
+                self.results.append((slot(arg.name), arg))
+            else:
+                slot(arg.name)
+                scratch.append(arg)
+
+        for arg in p.args:
+            if arg.name in callers:
+                where, key, what, shape = callers[arg.name]
+                self.given.append((slot(arg.name), where, key, what, shape, None if arg.shape == shape else arg.shape))
+            elif arg.name not in from_adjoint:
+                allocated(arg)
+        self.initial: list[tuple[int, str | None]] = []  # the adjoint's initial states: (slot, the state whose gradient)
+        adjoint_args = []
+        for arg, where, key in adjoint.slots:
+            if arg.role == "x":
+                adjoint_args.append(slots["adjoint_x"])
+            elif where == "params":
+                adjoint_args.append(slots[key])
+            elif where == "states":
+                adjoint_args.append(slot(f"initial {key}"))
+                self.initial.append((adjoint_args[-1], next((s for s in cell.states if key == f"d{s}_local"), None)))
+            else:
+                allocated(arg)
+                adjoint_args.append(slots[arg.name])
+        self.count, self.scratch = len(slots), Pack(scratch)
+        self.scratch_slots = [slots[a.name] for a in scratch]
+        self.dx = slots["dx"]
+        self.dparams = [(n, slots[f"d{n}"]) for n in cell.parameters()]
+        self.dstates = [(s, slots[f"d{s}_seq"]) for s in cell.states]
+        indices = {name: [slots[a.name] for a in f.args] for name, f in p.functions.items()}
+        self.calls = [(backward.module["prepare"], _getter(indices["prepare"])),
+                      (adjoint.function, _getter(adjoint_args)),
+                      (backward.module["rows"], _getter(indices["rows"])),
+                      (backward.module["weights"], _getter(indices["weights"]))]
+
+
+def _getter(indices: list[int]):
+    """A list's items at ``indices``, as a tuple."""
+    if len(indices) == 1:
+        return lambda values: (values[indices[0]],)
+    return operator.itemgetter(*indices)
 
 
 def reference_backward(cell: Cell, x, params: dict, states: dict | None, grads: dict):

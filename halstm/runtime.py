@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import asdict, dataclass
 
 import ml_dtypes
@@ -66,10 +67,21 @@ class SequenceFunction:
     def __init__(self, main, signature: Signature, device):
         self._main, self.signature, self._device = main, signature, device
         self._param_names = {a.name for a in signature.args if a.role == "param"}
-        self._cpu = _on_cpu(device)
+        self._cpu = on_cpu(device)
         # per argument, in call order: (arg, where a given value is: "params" or "states" or None, its key)
         self._slots = [(a, {"param": "params", "state": "states"}.get(a.role),
                         a.name[:-1] if a.role == "state" else a.name) for a in signature.args]
+
+    @property
+    def slots(self) -> list:
+        """Per argument of the compiled function, in call order: (its ``Arg``, where a caller's value
+        comes from: "params", "states" or None, its key there)."""
+        return self._slots
+
+    @property
+    def function(self):
+        """The compiled function itself, called with every argument in order."""
+        return self._main
 
     def __call__(self, x, params: dict, states: dict | None = None):
         seqs = self.sequences(x, params, states)
@@ -81,21 +93,6 @@ class SequenceFunction:
         run, finish = self._bind(x, params, states)
         run()
         return finish()
-
-    def run_on(self, x, params: dict, states: dict, new) -> dict:
-        """The call on arrays of the target's kind already in the arguments' shapes and dtypes, not
-        checked (x as (T*B, I); states by name, each given); ``new(arg)`` allocates each output.
-        Returns the outputs (the state sequences, ((T+1)*B, H)) by argument name."""
-        tensors, outputs = [], {}
-        for arg, where, key in self._slots:
-            if arg.role == "x":
-                tensors.append(x)
-            elif where is not None:
-                tensors.append((params if where == "params" else states)[key])
-            else:
-                tensors.append(outputs.setdefault(arg.name, new(arg)))
-        self._main(*tensors)
-        return outputs
 
     def prepare(self, x, params: dict, states: dict | None = None):
         """Check and convert the arguments once; returns a function that runs the kernel and waits
@@ -141,6 +138,32 @@ class SequenceFunction:
         return functools.partial(self._main, *tensors), finish
 
 
+class Pack:
+    """Buffers allocated together (``new_all`` of a frame): each at an ALIGNMENT-aligned byte offset
+    of one allocation, ``nbytes`` in all."""
+
+    def __init__(self, args):
+        self.args, self.offsets, end = tuple(args), [], 0
+        for a in self.args:
+            self.offsets.append(end)
+            size = math.prod(a.shape) * np.dtype(numpy_dtype(a.dtype)).itemsize
+            end += -(-size // ALIGNMENT) * ALIGNMENT
+        self.nbytes = end
+
+    @functools.cached_property
+    def torch_views(self) -> list[tuple]:
+        """Per buffer: its torch dtype, shape, contiguous strides, byte offset and element size."""
+        import torch
+
+        views = []
+        for a, offset in zip(self.args, self.offsets):
+            strides = [1] * len(a.shape)
+            for i in reversed(range(len(a.shape) - 1)):
+                strides[i] = strides[i + 1] * a.shape[i + 1]
+            views.append((getattr(torch, a.dtype), a.shape, tuple(strides), offset, np.dtype(numpy_dtype(a.dtype)).itemsize))
+        return views
+
+
 def new_array(arg: Arg, device, zeros: bool):
     if zeros:
         return tvm.runtime.tensor(np.zeros(arg.shape, numpy_dtype(arg.dtype)), device)
@@ -154,7 +177,7 @@ def numpy_dtype(dtype: str):
 def as_frame(x, device, cpu: bool | None = None):
     """The exchange for x's kind of array; ``cpu``: whether ``device`` is the host (asked when None:
     a compiled function knows it once)."""
-    cpu = _on_cpu(device) if cpu is None else cpu
+    cpu = on_cpu(device) if cpu is None else cpu
     if isinstance(x, np.ndarray):
         return _NumpyFrame(device, cpu)
     if type(x).__module__.startswith("torch"):
@@ -162,7 +185,7 @@ def as_frame(x, device, cpu: bool | None = None):
     raise TypeError(f"x must be a NumPy array or a torch tensor, got {type(x).__name__}")
 
 
-def _on_cpu(device) -> bool:
+def on_cpu(device) -> bool:
     return device.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
 
 
@@ -181,6 +204,9 @@ class _NumpyFrame:
 
     def new(self, arg: Arg, zeros: bool):
         return new_array(arg, self.device, zeros)
+
+    def new_all(self, pack: Pack) -> list:
+        return [new_array(a, self.device, False) for a in pack.args]
 
     def result(self, tensor):
         return np.from_dlpack(tensor) if self.cpu and tensor.dtype != "bfloat16" else tensor.numpy()
@@ -208,6 +234,22 @@ class TorchFrame:
 
         make = torch.zeros if zeros else torch.empty
         return make(arg.shape, dtype=getattr(torch, arg.dtype), device=self.torch_device)
+
+    def new_all(self, pack: Pack) -> list:
+        """The pack's buffers, uninitialised: views of one torch allocation (one call to the caching
+        allocator, and one free when the last of them goes)."""
+        import torch
+
+        if not pack.args:
+            return []
+        flat = torch.empty(pack.nbytes + ALIGNMENT, dtype=torch.uint8, device=self.torch_device)
+        start, typed, views = -flat.data_ptr() % ALIGNMENT, {}, []
+        for dtype, shape, strides, offset, size in pack.torch_views:
+            whole = typed.get(dtype)
+            if whole is None:
+                whole = typed[dtype] = flat.view(dtype)
+            views.append(whole.as_strided(shape, strides, (start + offset) // size))
+        return views
 
     def share(self, value):
         if value.requires_grad:

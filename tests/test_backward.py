@@ -229,6 +229,25 @@ def test_torch_tensors_in_torch_tensors_out(rng):
     assert rel_err(dx.numpy(), want[0]) < TOLERANCE["float32"]
 
 
+def test_a_state_left_out_of_grads_has_zero_gradient(rng):
+    """Leaving a state out of ``grads`` is passing zeros for it; torch results are allocated each on
+    its own (autograd may keep a parameter's gradient: it holds none of the call's other buffers);
+    ``prepare`` binds the same call."""
+    cell, x, params, states, gy, finals = problem(halstm.LSTM, rng)
+    forward, backward = compiled(halstm.LSTM)
+    to_torch = lambda d: {k: torch.from_numpy(v) for k, v in d.items()}
+    x, params = torch.from_numpy(x), to_torch(params)
+    seqs = forward.sequences(x, params, to_torch(states))
+    grads = to_torch(sequence_grads(cell, gy, {"h": finals["h"]}, np.float32))  # c's: zeros
+    want = as_dict(*backward(x, params, seqs, grads))
+    got = as_dict(*backward(x, params, seqs, {"h": grads["h"]}))
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
+    for name in ["x", *cell.parameters()]:
+        assert got[name].untyped_storage().nbytes() == got[name].numel() * got[name].element_size(), name
+    backward.prepare(x, params, seqs, grads)()
+
+
 def test_bad_arguments_are_named(rng):
     _, x, params, states, _, _ = problem(halstm.GRU, rng)
     forward, backward = compiled(halstm.GRU)
@@ -338,3 +357,54 @@ def test_backward_on_gpu_against_float64(cell_type, dtype, shape, rng):
     want = as_dict(*reference_backward(cell, x, upcast(params), upcast(states), sequence_grads(cell, gy, finals)))
     for name, value in want.items():
         assert rel_err(got[name].float().cpu().numpy(), value) < TOLERANCE[dtype], name
+
+
+def _adjoint_input(adjoint, x, params, seqs, grads):
+    """The reversed loop's input (``AdjointCell.columns``) in float64, as the prepare function writes
+    it, for cells whose hoisted GEMMs read x and first-stage GEMMs read h."""
+    T, B, _ = x.shape
+    gemms = {g.name: g for g in adjoint.forward.gemms}
+    rows = []
+    for t in [*reversed(range(T)), None]:  # the steps reversed, then the extra step
+        columns = []
+        for name, width in adjoint.columns:
+            if t is None:
+                value = seqs[name[:-5]][0] if name.endswith("_next") else np.zeros((B, width))
+            elif name in gemms:
+                g = gemms[name]
+                operand = x[t] if g.stage == 0 else seqs["h"][t]
+                value = operand @ np.concatenate([params[m.weight] for m in g.members]).T
+            elif name.endswith("_next"):
+                value = seqs[name[:-5]][t + 1]
+            else:
+                value = x[t] if name == "x" else seqs[name][t] if name in seqs else grads[name[1:]][t]
+            columns.append(value)
+        rows.append(np.concatenate(columns, 1))
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("gathered", [True, False], ids=["gathered", "a-gemm-a-gate"])
+@pytest.mark.parametrize("cell_type", [halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU,
+                                       halstm.LayerNormLSTM], ids=lambda c: c.__name__)
+def test_reversed_loop_cell_gives_the_initial_states_gradients(cell_type, gathered, rng):
+    """The adjoint cell (the backward's reversed loop as a cell), run by the float64 reference for
+    T + 1 steps from the final states' gradients: its last d<s> are the initial states' gradients."""
+    T, B, I, H = 4, 3, 5, 8
+    cell = cell_type(I, H)
+    x, params, states = (upcast(v) if isinstance(v, dict) else np.float64(v) for v in random_inputs(cell, T, B, rng))
+    steps = [states]
+    for t in range(T):
+        steps.append(halstm.reference(cell, x[t:t + 1], params, steps[-1])[1])
+    seqs = {s: np.stack([step[s] for step in steps]) for s in cell.states}
+    grads = {s: rng.standard_normal((T + 1, B, H)) for s in cell.states}
+    adjoint = halstm.AdjointCell(halstm.make_plan(cell), gathered)
+    weights = {}
+    for name, (g, start, width) in adjoint.transposed().items():
+        weights[name] = np.concatenate([params[m.weight] for m in g.members])[start:start + width].T
+    weights |= {f"{m.weight}_t": params[m.weight].T for g in adjoint.later for m in g.members}
+    adjoint_params = {n: params[n] if n in params else weights[n] for n in adjoint.parameters()}
+    initial = {q: np.zeros((B, H)) for q in adjoint.states} | {f"d{s}_local": grads[s][T] for s in cell.states}
+    _, final = halstm.reference(adjoint, _adjoint_input(adjoint, x, params, seqs, grads), adjoint_params, initial)
+    _, _, want = reference_backward(cell, x, params, states, grads)
+    for s in cell.states:
+        assert rel_err(final[f"d{s}"], want[s]) < 1e-12, s

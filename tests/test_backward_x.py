@@ -17,7 +17,7 @@ from test_backward import problem as backward_problem
 import halstm
 import halstm.nn
 from halstm import linear, matmul, sigmoid, split, tanh
-from halstm.gradients import compile_backward, reference_backward
+from halstm.gradients import compile_backward, lower_backward_for, reference_backward
 from halstm.targets import CudaTarget
 
 torch = pytest.importorskip("torch")
@@ -210,18 +210,19 @@ def test_nn_rnn_trains_through_the_compiled_backward(rng):
 @pytest.mark.parametrize("dtype, batch", [("float32", 2), ("float16", 16)], ids=("fp32", "fp16-B16"))
 @pytest.mark.parametrize("cell_type", CELLS, ids=lambda c: c.__name__)
 def test_cuda_step_loop_schedules_the_backward(cell_type, dtype, batch):
-    """The CUDA step-loop recipe schedules the backward's functions and its reversed loop (the
-    adjoint cell), as compile_backward does for a GPU, and TVM lowers them to host and kernel TIR;
+    """The CUDA step-loop recipe schedules the backward's functions, and the first recipe that applies
+    its reversed loop (the adjoint cell), as compile_backward does for a GPU; TVM lowers them to host
+    and kernel TIR;
     CUDA code generation and nvcc are left out (tests/test_backward.py compiles the other cells'
     backward with nvcc)."""
     target = CudaTarget("sm_90", sms=132)
     cell = cell_type(24, 24)
-    recipe = next(r for r in halstm.schedules.BUILTIN if r.name == "cuda-step-loop")
-    forward = halstm.lower(cell, 3, batch, dtype)
-    knobs = recipe.resolve(forward, target, None)
-    program = halstm.lower_backward(cell, 3, batch, dtype, forward.plan, recipe.layout(forward, target, knobs))
+    recipe, knobs, program, scheduled = lower_backward_for(cell, 3, batch, dtype, target)
     reversed_loop = halstm.lower(program.adjoint, 4, batch, dtype)
-    for function in (*program.functions.values(), reversed_loop):
-        _, kernels = target.split(recipe.apply(function, target, **recipe.resolve(function, target, None)).mod)
+    schedules = [scheduled.get(name) or recipe.apply(f, target, **knobs) for name, f in program.functions.items()]
+    chosen = halstm.schedules.recipes_for(reversed_loop, target)[0]  # as halstm.compile chooses
+    schedules.append(chosen.apply(reversed_loop, target, **chosen.resolve(reversed_loop, target, None)))
+    for schedule in schedules:
+        _, kernels = target.split(schedule.mod)
         assert sum(len(m.functions) for m in kernels.values()) > 0
     assert any(a.name == "dx_seq" for a in program.rows.args)

@@ -796,21 +796,24 @@ def _check_on_gpu(c, T, batch, dtype, rng, knobs=None):
         assert rel_err(final[s].float().cpu().numpy(), want_states[s]) < TOLERANCE[dtype], f.knobs
 
 
-def _reversed_loop(cell_type):
+def _reversed_loop(cell_type, gathered=True):
     """The reversed loop of ``cell_type``'s backward (its adjoint cell) for ``_check_emulation``."""
-    return lambda inputs, hidden: AdjointCell(make_plan(cell_type(inputs, hidden)))
+    return lambda inputs, hidden: AdjointCell(make_plan(cell_type(inputs, hidden)), gathered)
 
 
 REVERSED_LOOP = [EMULATED[0], EMULATED[4], (3, 5, 10, {"tensor_cores": True, "threads": 64, "units": 5})]
 
 
+@pytest.mark.parametrize("gathered", [True, False], ids=["gathered", "a-gemm-a-gate"])
 @pytest.mark.parametrize("shape", REVERSED_LOOP, ids=["ffma", "row-blocks", "tensor-cores"])
 @pytest.mark.parametrize("cell", [halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM], ids=lambda c: c.__name__)
-def test_emulated_reversed_loop_matches_reference_without_races(cell, shape):
+def test_emulated_reversed_loop_matches_reference_without_races(cell, shape, gathered):
     """The backward's reversed loop (``halstm.adjoint``) in the persistent kernel: its step GEMM's
-    operand gathered from the gates' adjoints of the last step (staged from their sequences), the
-    transposed weights on chip, the adjoint math re-indexed onto the block's units."""
+    operand gathered from the gates' adjoints of the last step (staged from their sequences), or a
+    GEMM a gate (each gate's adjoint polled as stored), the transposed weights on chip, the adjoint
+    math re-indexed onto the block's units."""
     B, I, H, knobs = shape
-    program = halstm.lower(_reversed_loop(cell)(I, H), 2, B)
-    assert PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {"tensor_cores": False, **knobs}))
-    _check_emulation(_reversed_loop(cell), B, I, H, knobs)
+    program = halstm.lower(_reversed_loop(cell, gathered)(I, H), 2, B)
+    kernel = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {"tensor_cores": False, **knobs}))
+    assert kernel and bool(kernel.polled) == (not gathered)
+    _check_emulation(_reversed_loop(cell, gathered), B, I, H, knobs)
