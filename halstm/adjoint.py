@@ -109,8 +109,8 @@ class AdjointCell(Cell):
         n_first = sum(g.rows // H for g in self.first)
         d_gemm, local = states[:n_first], states[n_first:n_first + len(cell.states)]
 
-        def column(name, width=None):
-            start, width = self.offset(name), width or dict(self.columns)[name]
+        def column(name):
+            start, width = self.offset(name), dict(self.columns)[name]
             return te.compute((x.shape[0], width), lambda b, n: x[b, start + n], name=f"in_{name}")
 
         # the first-stage GEMMs' operands' adjoints, from the last step's result adjoints
@@ -129,8 +129,7 @@ class AdjointCell(Cell):
         # the forward step t from its input row, differentiated from D_{t+1}
         given = {g.name: column(g.name) for g in self.forward.gemms if g.stage <= 1}
         now = [column(s) for s in cell.states]
-        x_t = column("x") if self.forward.x_in_step else te.compute(
-            (x.shape[0], cell.input_size), lambda *i: te.const(0.0, "float32"), name="x_unread")
+        x_t = column("x") if self.forward.x_in_step else _unread_x(cell, x.shape[0])
         tracer = _Recompute(self.forward, given, p)
         traced = trace(cell, x_t, now, self._forward_params(p), tracer)
         results = [given[g.name] for g in self.first]
@@ -147,9 +146,8 @@ class AdjointCell(Cell):
         """The first-stage GEMMs' operands, traced on ``states``, differentiated from ``d_operand``:
         each state's share (None where it has none)."""
         tracer = _Operands(self.forward)
-        dummy = te.compute((states[0].shape[0], self.forward.cell.input_size), lambda *i: te.const(0.0, "float32"),
-                           name="x_unread")
-        trace(self.forward.cell, dummy, list(states), self._forward_params(p), tracer)
+        trace(self.forward.cell, _unread_x(self.forward.cell, states[0].shape[0]), list(states),
+              self._forward_params(p), tracer)
         gemms = [g for g in self.first if g.name in tracer.operands]
         return adjoints([tracer.operands[g.name] for g in gemms], [d_operand[g.name] for g in gemms], list(states))
 
@@ -216,6 +214,12 @@ class _Operands:
         if g.stage == 1:
             self.operands.setdefault(g.name, a)
         return te.compute((a.shape[0], m.rows), lambda *i: te.const(0.0, "float32"), name=f"unused_{m.weight}")
+
+
+def _unread_x(cell: Cell, batch) -> te.Tensor:
+    """Zeros in x's place for a trace whose math does not read x (its matmuls of x are answered
+    otherwise)."""
+    return te.compute((batch, cell.input_size), lambda *i: te.const(0.0, "float32"), name="x_unread")
 
 
 def _add(tensors, terms) -> list:
