@@ -28,6 +28,7 @@ step more: its ``d<s>`` are D_0, the initial states' gradients.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 
 from tvm import te
@@ -39,7 +40,8 @@ from .plan import Plan, upstream
 
 
 class AdjointCell(Cell):
-    """The reversed loop of ``plan.cell``'s backward (module docstring)."""
+    """The reversed loop of ``plan.cell``'s backward (module docstring). ``columns``: (name, width) of
+    its input's column groups in order, ``where``: each one's (first column, width)."""
 
     output = None  # set per instance: the first state
 
@@ -62,6 +64,8 @@ class AdjointCell(Cell):
         self.biases = ()
         self.reads_next = self._reads_next_states()
         self.columns = self._columns()
+        starts = itertools.accumulate((w for _, w in self.columns), initial=0)
+        self.where = {name: (start, width) for (name, width), start in zip(self.columns, starts)}
         super().__init__(sum(w for _, w in self.columns), H)
 
     @property
@@ -78,14 +82,6 @@ class AdjointCell(Cell):
         if self.forward.x_in_step:
             out.append(("x", cell.input_size))
         return out + [(f"g{s}", H) for s in cell.states]
-
-    def offset(self, name: str) -> int:
-        start = 0
-        for n, width in self.columns:
-            if n == name:
-                return start
-            start += width
-        raise KeyError(name)
 
     def parameters(self):
         shapes = self.forward.cell.parameters()
@@ -110,7 +106,7 @@ class AdjointCell(Cell):
         d_gemm, local = states[:n_first], states[n_first:n_first + len(cell.states)]
 
         def column(name):
-            start, width = self.offset(name), dict(self.columns)[name]
+            start, width = self.where[name]
             return te.compute((x.shape[0], width), lambda b, n: x[b, start + n], name=f"in_{name}")
 
         # the first-stage GEMMs' operands' adjoints, from the last step's result adjoints

@@ -298,9 +298,8 @@ def _prepare_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Packed
 
     def at(r, j):  # lazy selects: TVM simplifies a read's index under the conditions that select it
         row, zero = _reversed_row(r, T, B), te.const(0, ACCUMULATE)
-        value, start = zero, adjoint.input_size
-        for name, width in reversed(adjoint.columns):
-            start -= width
+        value = zero
+        for name, (start, width) in reversed(adjoint.where.items()):
             extra = zero  # the extra step's: zeros, but the initial states where the adjoint reads S_{t+1}
             if name.endswith("_next"):
                 extra = step.states[cell.states.index(name[:-5])][r % B, j - start].astype(ACCUMULATE)
@@ -400,8 +399,9 @@ def _rows_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLay
 def _between(plan: BackwardPlan, dtype: str) -> str:
     """The dtype of what rows passes weights for its GEMMs (each result's adjoint dG, each recurrent
     operand): the storage dtype, so that fp16/bf16 GEMMs run on tensor cores, unless the plan asks
-    for float32 (``exact_weights``). H100, LSTM fp16 (100,64,1024): the weights function took 5.77 ms
-    with float32 operands."""
+    for float32 (``exact_weights``). With float32 operands the weights function took 5.77 of the
+    backward's 9.73 ms (H100, LSTM fp16 (100,64,1024), its functions timed apart with CUDA events);
+    on tensor cores it has not been timed apart."""
     return ACCUMULATE if plan.exact_weights else dtype
 
 

@@ -19,6 +19,7 @@ from tvm.s_tir.schedule import ScheduleError
 
 from halstm import schedules, targets
 
+from .adjoint import AdjointCell
 from .autodiff import adjoints
 from .backward import BackwardProgram, lower_backward
 from .cell import Cell, placeholders, trace
@@ -27,7 +28,7 @@ from .compiler import compile as compile_cell
 from .lowering import lower
 from .oracle import _Evaluator
 from .plan import make_plan
-from .runtime import Arg, Pack, as_frame, on_cpu, check_array, check_names
+from .runtime import Arg, Pack, as_frame, check_array, check_names, on_cpu
 
 
 @serialised
@@ -66,18 +67,22 @@ def lower_backward_for(cell: Cell, steps: int, batch: int, dtype: str, target, k
     forward = lower(cell, steps, batch, dtype, plan)
     knobs = recipe.resolve(forward, target, knobs)
     layout = recipe.layout(forward, target, knobs)
-    program = lower_backward(cell, steps, batch, dtype, plan, layout, gathered=False)
-    reversed_loop = lower(program.adjoint, steps + 1, batch, dtype)
-    gathered = dtype == "float32" or schedules.recipes_for(reversed_loop, target)[0].name != "cuda-persistent"
-    if gathered:
-        program = lower_backward(cell, steps, batch, dtype, plan, layout, gathered)
-    if dtype == "float32":
+    low_precision_on_cuda = target.kind == "cuda" and dtype != "float32"
+    gathered = not (low_precision_on_cuda and _runs_persistent(AdjointCell(plan, gathered=False), steps, batch,
+                                                                 dtype, target))
+    program = lower_backward(cell, steps, batch, dtype, plan, layout, gathered)
+    if not low_precision_on_cuda:  # the step-loop schedules of float32 and of the CPU always apply
         return recipe, knobs, program, {}
     try:
         return recipe, knobs, program, {name: recipe.apply(p, target, **knobs) for name, p in program.functions.items()}
     except ScheduleError:  # WMMA's schedule of a GEMM padded to its tiles left the next one without a
         # stage pipeline (sizes that are not whole tiles, as LSTM T=5, B=16, H=32)
         return recipe, knobs, lower_backward(cell, steps, batch, dtype, plan, layout, gathered, exact_weights=True), {}
+
+
+def _runs_persistent(cell: Cell, steps: int, batch: int, dtype: str, target) -> bool:
+    """Whether ``halstm.compile`` puts the reversed loop in the persistent kernel (its defaults)."""
+    return schedules.recipes_for(lower(cell, steps + 1, batch, dtype), target)[0].name == "cuda-persistent"
 
 
 class CompiledBackward:

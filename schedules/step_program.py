@@ -159,20 +159,19 @@ def _analyse_step(program, sch: Schedule) -> list | None:
             blocks.append(Elementwise(store.buffer.name, ivs[0], ivs[1], store.value))
     if not any(isinstance(b, StepGemm) for b in blocks):
         return None  # nothing to keep on chip: the step loop runs it
-    gemm_names = {b.gemm.name for b in blocks if isinstance(b, StepGemm)}
-    sums = {b.buffer for b in blocks if isinstance(b, Reduction)}
-    return [b if not isinstance(b, RowMath) or b.on_chip(gemm_names, sums, H) else _simplified(b, B, H)
-            for b in blocks]
+    return [_simplified(b, B, H) if isinstance(b, RowMath) else b for b in blocks]
 
 
 def _simplified(b: RowMath, B: int, H: int) -> RowMath:
-    """``b`` with its value simplified within the block's domain: an adjoint's selects between the
-    gates whose conditions the unit's range decides (a split's adjoint read at one gate) drop their
-    reads of other gates' columns."""
-    analyzer = sym.Analyzer()
-    analyzer.bind(b.row, ir.Range(0, B))
-    analyzer.bind(b.unit, ir.Range(0, b.width if isinstance(b, Reduction) else H))
-    return dataclasses.replace(b, value=analyzer.simplify(b.value))
+    """``b`` with its value simplified within the block's domain: selects whose conditions the unit's
+    range decides go (an adjoint's of a split, read at one gate, drops its reads of the other gates'
+    columns, which a block does not hold). The forward cells' kernels are unchanged by it (the six
+    built-in cells, six settings each, B = H = 1 among them, structurally equal)."""
+    analyzer = sym.Analyzer()  # constraints, not bindings: a variable of extent 1 stays a variable
+    width = b.width if isinstance(b, Reduction) else H
+    with analyzer.constraint_scope(tirx.all(b.row >= 0, b.row < B, b.unit >= 0, b.unit < width)):
+        value = analyzer.simplify(b.value)
+    return dataclasses.replace(b, value=value)
 
 
 def _row_sum(block, ivs, B: int, H: int) -> Reduction | None:
