@@ -6,10 +6,17 @@ start after the call began and its duration, from torch.profiler's CUPTI trace):
     python benchmarks/call_overhead.py LSTM 100,16,512 float16 --device cuda
 
 With --backward, the same for the compiled backward (``b(x, params, seqs, grads)`` against
-``b.prepare``), then a training step of ``halstm.nn.LSTM``/``GRU`` (``y, _ = model(x);
-y.backward(dy)``) timed and profiled likewise:
+``b.prepare``):
 
     python benchmarks/call_overhead.py LSTM 5,2,16 --backward --reps 3000
+
+With --training, a training step of the cell's one-layer ``halstm.nn`` module (``y, _ = model(x);
+y.backward(dy)``, x a leaf that requires its gradient) against its kernels alone (the forward's and
+the backward's prepared calls, taken in turn with the steps), then torch.nn's LSTM/GRU step (cuDNN
+on a GPU; timed apart: on the CPU its thread pool and TVM's slow each other down when they take
+turns) and the halstm step under cProfile. At tiny shapes on the CPU the step is mostly host time:
+
+    python benchmarks/call_overhead.py LSTM 5,2,16 --training --reps 3000
 
 Times are host wall-clock medians of --reps calls, each followed by a device synchronisation.
 """
@@ -18,12 +25,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import pstats
 
 import torch
 
 import halstm
-from halstm.bench import median_ms
+from halstm.bench import alternating_median_ms, median_ms
 from halstm.cells import BUILTIN
 from halstm.targets import CudaTarget
 
@@ -35,7 +43,9 @@ def main():
     ap.add_argument("dtype", nargs="?", default="float32")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--reps", type=int, default=200)
-    ap.add_argument("--backward", action="store_true", help="the compiled backward and a training step instead")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--backward", action="store_true", help="the compiled backward instead")
+    mode.add_argument("--training", action="store_true", help="a training step of halstm.nn instead")
     a = ap.parse_args()
     T, B, H = map(int, a.shape.split(","))
     cell = BUILTIN[a.cell](H, H)
@@ -48,6 +58,8 @@ def main():
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     if a.backward:
         return backward(a, cell, target, f, x, params, states, sync)
+    if a.training:
+        return training(a, cell, target, f, x, states, sync)
 
     call = 1e3 * median_ms(lambda: f(x, params, states), a.reps, warmup=10, sync=sync)
     prepared = 1e3 * median_ms(f.prepare(x, params, states), a.reps, warmup=10, sync=sync)
@@ -62,7 +74,7 @@ def main():
 
 
 def backward(a, cell, target, f, x, params, states, sync):
-    """The compiled backward's call against its kernels alone, then a training step of halstm.nn."""
+    """The compiled backward's call against its kernels alone."""
     T, B, H = x.shape
     b = halstm.compile_backward(cell, T, B, a.dtype, target=target)
     seqs = f.sequences(x, params, states)
@@ -72,17 +84,36 @@ def backward(a, cell, target, f, x, params, states, sync):
     print(f"backward of {a.cell} T={T} B={B} H={H} {a.dtype} on {a.device}: call {call:.1f} us, "
           f"prepared {prepared:.1f} us, overhead {call - prepared:.1f} us")
     profiled(lambda: b(x, params, seqs, grads), a.reps, sync)
-    if a.cell not in ("LSTM", "GRU"):
-        return
-    model = getattr(halstm.nn, a.cell)(H, H, device=a.device, dtype=x.dtype)
+
+
+def training(a, cell, target, f, x, states, sync):
+    """A training step of halstm.nn against its kernels alone, taken in turn (``alternating_median_ms``),
+    and torch.nn's step, then the halstm step under cProfile."""
+    T, B, H = x.shape
+    twin = getattr(torch.nn, a.cell) if a.cell in ("LSTM", "GRU") else None
+    module = getattr(halstm.nn, a.cell) if twin else functools.partial(halstm.nn.RNN, BUILTIN[a.cell])
+    model = module(H, H, device=a.device, dtype=x.dtype)
+    params = {n: getattr(model, n + "_l0").detach() for n in cell.parameters()}
+    b = halstm.compile_backward(cell, T, B, a.dtype, target=target)
+    seqs = f.sequences(x, params, states)
+    grads = {cell.output: torch.randn_like(seqs[cell.output])}
+    forward, backward = f.prepare(x, params, states), b.prepare(x, params, seqs, grads)
     xs, dy = x.clone().requires_grad_(), torch.randn_like(x)
 
-    def step():
-        y, _ = model(xs)
-        y.backward(dy)
+    def step(model):
+        def run():
+            y, _ = model(xs)
+            y.backward(dy)
+        return run
 
-    print(f"training step of halstm.nn.{a.cell} (forward and backward): {1e3 * median_ms(step, a.reps, 10, sync):.1f} us")
-    profiled(step, a.reps, sync)
+    steps = {"halstm": step(model), "kernels": lambda: (forward(), backward())}
+    us = {name: 1e3 * ms for name, ms in alternating_median_ms(steps, sync, 10, a.reps).items()}
+    if twin:
+        us["torch"] = 1e3 * median_ms(step(twin(H, H, device=a.device, dtype=x.dtype)), a.reps, 10, sync)
+    print(f"training step of halstm.nn {a.cell} T={T} B={B} H={H} {a.dtype} on {a.device}: {us['halstm']:.1f} us, "
+          f"kernels {us['kernels']:.1f} us, beyond them {us['halstm'] - us['kernels']:.1f} us"
+          + (f"; torch.nn.{a.cell} {us['torch']:.1f} us" if "torch" in us else ""))
+    profiled(steps["halstm"], a.reps, sync)
 
 
 def profiled(call, reps, sync):

@@ -3,8 +3,9 @@
 A step is ``y, _ = model(x); y.backward(dy)``, with the gradients of x and every parameter. LSTM and GRU
 run as ``halstm.nn.LSTM``/``GRU`` beside ``torch.nn.LSTM``/``GRU`` (cuDNN) on the same state_dict; a
 custom cell (PeepholeLSTM, LayerNormLSTM, ...) as ``halstm.nn.RNN`` beside the same cell's step in torch
-(benchmarks/gpu.py), looped, and ``torch.compile`` (default mode) of that loop. float32 is exact float32
-in halstm; cuDNN runs it with TF32 as torch allows by default, and without ("cuDNN fp32").
+(benchmarks/gpu.py), looped, and ``torch.compile`` (default mode) of that loop. float32 runs twice on
+each side: exact ("halstm", "cuDNN fp32") and with TF32 tensor cores ("halstm TF32": ``allow_tf32=True``;
+"cuDNN": torch's default, TF32 allowed).
 
 First every model's gradients at a small shape are checked against float64 (the same model upcast)
 within the dtype's tolerance (fp32 1e-5; fp16, bf16 1e-2). Then medians after warm-up (CUDA events),
@@ -13,6 +14,10 @@ the forward, the backward and its reversed loop). Writes results.md and results.
 
     python benchmarks/training_gpu.py --cells LSTM,GRU,PeepholeLSTM --shapes 100x16x512 --dtypes float16
     python benchmarks/training_gpu.py --device cpu --tiny     # smoke test of this script on a CPU
+
+--profile (CUDA) also prints, per contender, where a step's time goes: each kernel's time a step
+(torch.profiler, which sees TVM's kernels too) and the host time to issue a step (ten steps issued
+between synchronisations).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ SHAPES = ((100, 1, 256), (100, 16, 512), (100, 64, 1024), (100, 256, 1024), (102
 TINY = ((5, 2, 16),)
 CHECK = (8, 4, 32)
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
+TF32_TOLERANCE = 1e-3
 CUDNN = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU}
 
 
@@ -58,15 +64,16 @@ def timed(fn, device: str, warm: int = 3, reps: int = 10) -> float:
     return float(np.median(times))
 
 
-def models(cell: str, T: int, H: int, device: str, dtype: torch.dtype, use_compile: bool) -> dict:
+def models(cell: str, T: int, H: int, device: str, dtype: torch.dtype, use_compile: bool,
+           allow_tf32: bool = False) -> dict:
     """Name -> (forward, module holding its parameters): halstm first, then the baselines on the
     same parameters."""
     if cell in CUDNN:
         reference = CUDNN[cell](H, H).to(device, dtype)
-        ours = getattr(halstm.nn, cell)(H, H).to(device, dtype)
+        ours = getattr(halstm.nn, cell)(H, H, allow_tf32=allow_tf32).to(device, dtype)
         ours.load_state_dict(reference.state_dict())
         return {"halstm": (lambda x: ours(x)[0], ours), "cuDNN": (lambda x: reference(x)[0], reference)}
-    ours = halstm.nn.RNN(getattr(halstm, cell), H, H).to(device, dtype)
+    ours = halstm.nn.RNN(getattr(halstm, cell), H, H, allow_tf32=allow_tf32).to(device, dtype)
     step = torch_cell(cell, {n: getattr(ours, f"{n}_l0") for n in ours.cell.parameters()})
 
     def loop(x):
@@ -99,11 +106,11 @@ def gradients(model, x, dy) -> list:
     return [x.grad] + [p.grad for p in model[1].parameters()]
 
 
-def check(cell: str, dtype: torch.dtype, device: str) -> float:
+def check(cell: str, dtype: torch.dtype, device: str, allow_tf32: bool = False) -> float:
     """The largest relative error of halstm's gradients (x and every parameter) against the same
     model in float64."""
     T, B, H = CHECK
-    ours = models(cell, T, H, device, dtype, False)["halstm"]
+    ours = models(cell, T, H, device, dtype, False, allow_tf32)["halstm"]
     exact = models(cell, T, H, device, torch.float64, False)["cuDNN" if cell in CUDNN else "torch eager"]
     exact[1].load_state_dict({k: v.double() for k, v in ours[1].state_dict().items()})
     x = torch.randn(T, B, H, device=device, dtype=dtype, requires_grad=True)
@@ -125,23 +132,62 @@ def peak_mb(fn, device: str) -> float | None:
     return round((torch.cuda.max_memory_allocated() - before) / 2**20, 1)
 
 
-def bench(cell: str, shape, dtype: torch.dtype, device: str, use_compile: bool) -> dict:
+def profile(name: str, step, reps: int = 5, top: int = 12) -> None:
+    """Print a step's kernels (us a step, launches a step) and its host time to issue."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        step()
+    issue = (time.perf_counter() - t0) / 10
+    torch.cuda.synchronize()
+    with profiler(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            step()
+        torch.cuda.synchronize()
+    kernels = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name][0] += e.device_time_total / reps
+            kernels[e.name][1] += 1
+    total = sum(us for us, _ in kernels.values())
+    print(f"  {name}: kernels {total / 1e3:.3f} ms a step, host {1e3 * issue:.3f} ms to issue one")
+    for kernel, (us, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"    {us:9.1f} us  x{n // reps:<4d} {kernel[:100]}")
+
+
+def bench(cell: str, shape, dtype: torch.dtype, device: str, use_compile: bool, show: bool = False) -> dict:
     T, B, H = shape
     x = torch.randn(T, B, H, device=device, dtype=dtype, requires_grad=True)
     dy = torch.randn(T, B, H, device=device, dtype=dtype)
     found = models(cell, T, H, device, dtype, use_compile)
+    if device == "cuda" and dtype == torch.float32:
+        found["halstm TF32"] = models(cell, T, H, device, dtype, False, allow_tf32=True)["halstm"]
+        found["halstm TF32"][1].load_state_dict(found["halstm"][1].state_dict())
     row = {"cell": cell, "T": T, "B": B, "H": H, "dtype": str(dtype).replace("torch.", "")}
     t0 = time.time()
     training_step(found["halstm"], x, dy)()  # compiles the forward, the backward and its reversed loop
     row["halstm compile s"] = round(time.time() - t0, 1)
     for name, model in found.items():
         step = training_step(model, x, dy)
+        if name == "halstm TF32":
+            t0 = time.time()
+            step()
+            row["halstm TF32 compile s"] = round(time.time() - t0, 1)
         if name == "torch.compile":
             t0 = time.time()
             step()
             row["torch.compile s"] = round(time.time() - t0, 1)
         row[name] = timed(step, device)
         row[f"{name} MB"] = peak_mb(step, device)
+        if show:
+            profile(name, step)
     if "cuDNN" in found and device == "cuda" and dtype == torch.float32:
         torch.backends.cudnn.allow_tf32 = False
         row["cuDNN fp32"] = timed(training_step(found["cuDNN"], x, dy), device)
@@ -157,11 +203,13 @@ def table(rows, device_name: str) -> str:
              "halstm compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for base in ("cuDNN", "cuDNN fp32", "torch eager", "torch.compile"):
+            ours = "halstm TF32" if base == "cuDNN" and "halstm TF32" in r else "halstm"
             if base in r:
-                lines.append(f"| {r['cell']} | {r['dtype']} | {r['T']} | {r['B']} | {r['H']} | {r['halstm']:.3f} | "
-                             f"{r['halstm MB']} | {base} | {r[base]:.3f} | {r.get(base + ' MB')} | "
-                             f"{r[base] / r['halstm']:.2f} | {r['halstm compile s']} |")
-    return "\n".join(lines) + "\n\ncuDNN: torch's default (TF32 allowed in float32); cuDNN fp32: TF32 off.\n"
+                lines.append(f"| {r['cell']} | {r['dtype']} | {r['T']} | {r['B']} | {r['H']} | {ours}: {r[ours]:.3f} | "
+                             f"{r[ours + ' MB']} | {base} | {r[base]:.3f} | {r.get(base + ' MB')} | "
+                             f"{r[base] / r[ours]:.2f} | {r.get(ours + ' compile s', r['halstm compile s'])} |")
+    return "\n".join(lines) + ("\n\ncuDNN: torch's default (TF32 allowed in float32), beside halstm TF32 in float32; "
+                               "cuDNN fp32: TF32 off, beside exact halstm.\n")
 
 
 def main() -> int:
@@ -172,8 +220,11 @@ def main() -> int:
     ap.add_argument("--dtypes", default="float32,float16,bfloat16")
     ap.add_argument("--tiny", action="store_true", help=f"T, B, H = {TINY[0]}, float32")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--profile", action="store_true", help="each step's kernels and host time (CUDA)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
+    if args.profile and args.device != "cuda":
+        ap.error("--profile needs --device cuda")
     torch.manual_seed(0)
     cells = args.cells.split(",")
     shapes = TINY if args.tiny else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
@@ -182,10 +233,13 @@ def main() -> int:
     checks = []
     for cell in cells:
         for dtype in dtypes:
-            err = check(cell, getattr(torch, dtype), args.device)
-            checks.append((cell, dtype, err, err < TOLERANCE[dtype]))
-            print("check", cell, dtype, f"{err:.1e}", "PASS" if checks[-1][-1] else "FAIL", flush=True)
-    rows = [bench(cell, shape, getattr(torch, dtype), args.device, not args.no_compile)
+            tf32 = [False, True] if dtype == "float32" and args.device == "cuda" else [False]
+            for allow_tf32 in tf32:
+                err = check(cell, getattr(torch, dtype), args.device, allow_tf32)
+                name = "tf32" if allow_tf32 else dtype
+                checks.append((cell, name, err, err < (TF32_TOLERANCE if allow_tf32 else TOLERANCE[dtype])))
+                print("check", cell, name, f"{err:.1e}", "PASS" if checks[-1][-1] else "FAIL", flush=True)
+    rows = [bench(cell, shape, getattr(torch, dtype), args.device, not args.no_compile, args.profile)
             for shape in shapes for dtype in dtypes for cell in cells]
     text = "## Gradients against float64 (T, B, H = {}, {}, {})\n\n".format(*CHECK)
     text += "| cell | dtype | max relative error | within tolerance |\n|---|---|---|---|\n"

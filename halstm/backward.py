@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 from tvm import te
@@ -170,6 +170,10 @@ class BackwardProgram:
         return self.plan.adjoint
 
     @property
+    def allow_tf32(self) -> bool:
+        return self.prepare.allow_tf32
+
+    @property
     def functions(self) -> dict[str, Program]:
         return {"prepare": self.prepare, "rows": self.rows, "weights": self.weights}
 
@@ -191,6 +195,7 @@ def lower_backward(
     layout: PackedLayout | None = None,
     gathered: bool = True,
     exact_weights: bool = False,
+    allow_tf32: bool = False,
 ) -> BackwardProgram:
     """The backward of ``lower(cell, steps, batch, dtype, plan, layout)`` (unscheduled). Its weights
     are packed in ``layout``'s strips, (K, N) otherwise, the gates' columns in order: columns grouped
@@ -198,12 +203,14 @@ def lower_backward(
     and the backward packs its own weights, so it needs neither that grouping nor the forward's
     (N, K) layout or its float32 split (``tf32x3``): exact float32 stays on FFMA here. ``gathered``:
     the reversed loop's operand GEMM one a first-stage GEMM, else one a gate (``AdjointCell``);
-    ``exact_weights``: the weight gradients' GEMMs on float32 operands (``_between``)."""
+    ``exact_weights``: the weight gradients' GEMMs on float32 operands (``_between``);
+    ``allow_tf32``: float32 GEMMs may run on tensor cores as TF32 (``halstm.compile``'s)."""
     backward = BackwardPlan(plan or make_plan(cell), gathered, exact_weights)
     layout = PackedLayout(tile=layout.tile) if layout else PackedLayout()
     prepare = _prepare(backward, steps, batch, dtype, layout)
     rows, kept = _rows(backward, steps, batch, dtype, layout)
     weights = _weights(backward, steps, batch, dtype, layout, kept)
+    prepare, rows, weights = (replace(p, allow_tf32=allow_tf32) for p in (prepare, rows, weights))
     return BackwardProgram(backward, prepare, rows, weights, steps, batch, dtype)
 
 

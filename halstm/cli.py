@@ -163,6 +163,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--builders", type=_positive, default=None,
                    help="processes compiling candidates at once before they are timed one by one "
                    "(default: the CPU's cores less one; 1: each compiled as it is timed)")
+    t.add_argument("--training", action="store_true",
+                   help="also tune the backward's reversed time loop (recorded under its own key; "
+                   "halstm.nn and compile_backward use it), --trials candidates each")
     t.set_defaults(run=_tune)
 
     e = sub.add_parser(
@@ -230,13 +233,19 @@ def _bench(args) -> int:
 
 def _tune(args) -> int:
     cell, target = _problem(args)
-    from .tuner import tune
+    from .tuner import tune, tune_training
 
-    best = tune(cell, args.steps, args.batch, args.dtype, target, database=args.database,
-                trials=args.trials, timeout=args.timeout, allow_tf32=args.allow_tf32, builders=args.builders)
-    if best is None:
-        raise CliError("no candidate succeeded (the failures are listed above)", 1)
-    print(f"best: {best.recipe} {best.knobs} {best.ms:.3f} ms")
+    search = dict(database=args.database, trials=args.trials, timeout=args.timeout, builders=args.builders,
+                  allow_tf32=args.allow_tf32)
+    if args.training:
+        found = zip(("forward", "reversed loop"), tune_training(cell, args.steps, args.batch, args.dtype, target,
+                                                                  **search))
+    else:
+        found = [("best", tune(cell, args.steps, args.batch, args.dtype, target, **search))]
+    for what, best in found:
+        if best is None:
+            raise CliError(f"{what}: no candidate succeeded (the failures are listed above)", 1)
+        print(f"{what}: {best.recipe} {best.knobs} {best.ms:.3f} ms")
     return 0
 
 

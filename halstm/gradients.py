@@ -33,15 +33,19 @@ from .runtime import Arg, Pack, as_frame, check_array, check_names, on_cpu
 
 @serialised
 def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32", target="cpu",
-                     knobs: dict | None = None) -> CompiledBackward:
+                     knobs: dict | None = None, database=None, allow_tf32: bool = False) -> CompiledBackward:
     """The backward of ``halstm.compile(cell, steps, batch, dtype, target)`` (``halstm.backward``):
     its reversed time loop, the adjoint cell, compiled as ``halstm.compile`` compiles a cell (the
-    recipe its records or the defaults choose); the functions around it over all rows scheduled by
-    the target's step-loop recipe (``knobs`` overrides its defaults)."""
+    recipe the tuning ``database``'s records or the defaults choose: ``halstm tune --training``);
+    the functions around it over all rows scheduled by the target's step-loop recipe (``knobs``
+    overrides its defaults). ``allow_tf32`` as for ``halstm.compile``: float32 GEMMs, the loop's and
+    the functions', on TF32 tensor cores."""
     check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)
-    recipe, knobs, program, scheduled = lower_backward_for(cell, int(steps), int(batch), dtype, target, knobs)
-    adjoint = compile_cell(program.adjoint, int(steps) + 1, int(batch), dtype, target)
+    recipe, knobs, program, scheduled = lower_backward_for(cell, int(steps), int(batch), dtype, target, knobs,
+                                                           allow_tf32)
+    adjoint = compile_cell(program.adjoint, int(steps) + 1, int(batch), dtype, target, database=database,
+                           allow_tf32=allow_tf32)
     from . import cache
 
     def build():
@@ -53,7 +57,8 @@ def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32",
     return cache.backward(program, target, recipe, knobs, adjoint, build)
 
 
-def lower_backward_for(cell: Cell, steps: int, batch: int, dtype: str, target, knobs: dict | None = None):
+def lower_backward_for(cell: Cell, steps: int, batch: int, dtype: str, target, knobs: dict | None = None,
+                       allow_tf32: bool = False):
     """(recipe, knobs, BackwardProgram, schedules made on the way by name) for ``compile_backward``:
     the target's step-loop recipe and its knobs, the backward lowered in its layout, its reversed
     loop's operand GEMMs one a gate where the persistent kernel runs it in fp16/bf16 (each polling a
@@ -61,28 +66,38 @@ def lower_backward_for(cell: Cell, steps: int, batch: int, dtype: str, target, k
     (100,16,512) 0.766 / 0.670, (100,64,1024) 2.374 (step loop) / 1.599; GRU fp16 0.641 / 0.525,
     1.887 / 1.020; LSTM fp32 (100,16,512) 0.679 / 0.857); the weight gradients' fp16/bf16 GEMMs on
     tensor cores where TVM schedules the functions so (scheduled here to find out), else on float32
-    operands."""
+    operands; with ``allow_tf32`` their float32 GEMMs on TF32 tensor cores where TVM schedules them
+    so, else exact."""
     recipe = next(r for r in schedules.BUILTIN if r.name == f"{target.kind}-step-loop")
     plan = make_plan(cell)
-    forward = lower(cell, steps, batch, dtype, plan)
+    forward = lower(cell, steps, batch, dtype, plan, allow_tf32=allow_tf32)
     knobs = recipe.resolve(forward, target, knobs)
     layout = recipe.layout(forward, target, knobs)
-    low_precision_on_cuda = target.kind == "cuda" and dtype != "float32"
-    gathered = not (low_precision_on_cuda and _runs_persistent(AdjointCell(plan, gathered=False), steps, batch,
-                                                                 dtype, target))
-    program = lower_backward(cell, steps, batch, dtype, plan, layout, gathered)
-    if not low_precision_on_cuda:  # the step-loop schedules of float32 and of the CPU always apply
+    on_tensor_cores = target.kind == "cuda" and (dtype != "float32" or allow_tf32)
+    gathered = reversed_loop(cell, steps, batch, dtype, target, plan, allow_tf32).gathered
+    program = lower_backward(cell, steps, batch, dtype, plan, layout, gathered, allow_tf32=allow_tf32)
+    if not on_tensor_cores:  # the step-loop schedules of exact float32 and of the CPU always apply
         return recipe, knobs, program, {}
     try:
         return recipe, knobs, program, {name: recipe.apply(p, target, **knobs) for name, p in program.functions.items()}
     except ScheduleError:  # WMMA's schedule of a GEMM padded to its tiles left the next one without a
         # stage pipeline (sizes that are not whole tiles, as LSTM T=5, B=16, H=32)
-        return recipe, knobs, lower_backward(cell, steps, batch, dtype, plan, layout, gathered, exact_weights=True), {}
+        exact = dict(allow_tf32=False) if dtype == "float32" else dict(exact_weights=True)
+        return recipe, knobs, lower_backward(cell, steps, batch, dtype, plan, layout, gathered, **exact), {}
 
 
-def _runs_persistent(cell: Cell, steps: int, batch: int, dtype: str, target) -> bool:
-    """Whether ``halstm.compile`` puts the reversed loop in the persistent kernel (its defaults)."""
-    return schedules.recipes_for(lower(cell, steps + 1, batch, dtype), target)[0].name == "cuda-persistent"
+def reversed_loop(cell: Cell, steps: int, batch: int, dtype: str, target, plan=None,
+                  allow_tf32: bool = False) -> AdjointCell:
+    """The adjoint cell ``compile_backward`` compiles for T + 1 steps, in the form
+    ``lower_backward_for`` chooses (``halstm tune --training`` tunes it)."""
+    plan = plan or make_plan(cell)
+    target = targets.resolve(target)
+    if target.kind == "cuda" and (dtype != "float32" or allow_tf32):
+        split = AdjointCell(plan, gathered=False)
+        loop = lower(split, steps + 1, batch, dtype, allow_tf32=allow_tf32)
+        if schedules.recipes_for(loop, target)[0].name == "cuda-persistent":
+            return split
+    return AdjointCell(plan, gathered=True)
 
 
 class CompiledBackward:
@@ -134,25 +149,23 @@ class CompiledBackward:
         params = check_names(params, "params", plan.param_names, required=True)
         seqs = check_names(seqs, "seqs", plan.state_names, required=True)
         grads = check_names(grads or {}, "grads", plan.state_names, required=False)
+        buffers = [None] * plan.count
+        missing = len(grads) < len(plan.state_names)  # then the pack's second buffer is zeroed too
+        for slot, value in zip(plan.scratch_slots, frame.new_all(plan.scratch, zeros=2 if missing else 1)):
+            buffers[slot] = value
+        for slot, arg in plan.results:
+            buffers[slot] = frame.new(arg, zeros=False)
         sources, share = {"x": {"x": x}, "params": params, "seqs": seqs, "grads": grads}, frame.share
-        buffers, missing = [None] * plan.count, None
         for slot, where, key, what, shape, view in plan.given:
             source = sources[where]
             if key in source:
                 value = source[key]
                 check_array(value, what, shape, dtype)
                 buffers[slot] = share(value if view is None else value.reshape(view))
-            else:  # a state without a gradient: zeros, one buffer for all such (the kernels only read it)
-                if missing is None:
-                    missing = frame.new(plan.grad_arg, zeros=True)
-                buffers[slot] = missing
-        zeros = frame.new(plan.zeros_arg, zeros=True)
-        for slot, s in plan.initial:  # the adjoint's initial states: each final state's gradient, else zeros
-            buffers[slot] = share(grads[s][T]) if s in grads else zeros
-        for slot, value in zip(plan.scratch_slots, frame.new_all(plan.scratch)):
-            buffers[slot] = value
-        for slot, arg in plan.results:
-            buffers[slot] = frame.new(arg, zeros=False)
+            else:
+                buffers[slot] = buffers[plan.no_gradient]
+        for slot, s in plan.final_grads:  # the adjoint's initial states: each final state's gradient, else zeros
+            buffers[slot] = share(grads[s][T]) if s in grads else buffers[plan.zeros]
 
         def finish():
             result, first = frame.result, (T + 1) * B  # the adjoint's last step: D_0
@@ -171,8 +184,9 @@ class CompiledBackward:
 class _CallPlan:
     """A CompiledBackward's calls worked out once: each buffer of its four functions by slot (an
     index into a call's list of buffers), where each comes from (the caller's arrays, checked and
-    shared; zeros; one allocation for the buffers between the functions; one each for the results,
-    which outlive the call), and the compiled functions bound with their arguments' slots in order."""
+    shared; one allocation for the buffers between the functions, zeros first: read in place of a
+    missing gradient and as the reversed loop's initial states; one each for the results, which
+    outlive the call), and the compiled functions bound with their arguments' slots in order."""
 
     def __init__(self, backward: CompiledBackward):
         p, adjoint = backward.program, backward.adjoint
@@ -195,9 +209,9 @@ class _CallPlan:
         # (slot, where, key, name in errors, shape expected, shape passed or None where the same)
         self.given: list[tuple] = []
         self.results: list[tuple[int, Arg]] = []
-        scratch: list[Arg] = []
-        self.grad_arg = next(a for a in p.args if a.role == "grad")
-        self.zeros_arg = Arg("zeros", (B, H), dtype, "buffer")
+        grad_shape = next(a.shape for a in p.args if a.role == "grad")
+        scratch = [Arg("zeros", (B, H), dtype, "buffer"), Arg("no gradient", grad_shape, dtype, "buffer")]
+        self.zeros, self.no_gradient = slot("zeros"), slot("no gradient")
 
         def allocated(arg: Arg):
             if arg.name in results:
@@ -212,7 +226,8 @@ class _CallPlan:
                 self.given.append((slot(arg.name), where, key, what, shape, None if arg.shape == shape else arg.shape))
             elif arg.name not in from_adjoint:
                 allocated(arg)
-        self.initial: list[tuple[int, str | None]] = []  # the adjoint's initial states: (slot, the state whose gradient)
+        # the adjoint's initial states: zeros, but each final state's gradient ((slot, state) where given)
+        self.final_grads: list[tuple[int, str]] = []
         adjoint_args = []
         for arg, where, key in adjoint.slots:
             if arg.role == "x":
@@ -220,8 +235,10 @@ class _CallPlan:
             elif where == "params":
                 adjoint_args.append(slots[key])
             elif where == "states":
-                adjoint_args.append(slot(f"initial {key}"))
-                self.initial.append((adjoint_args[-1], next((s for s in cell.states if key == f"d{s}_local"), None)))
+                final = next((s for s in cell.states if key == f"d{s}_local"), None)
+                adjoint_args.append(self.zeros if final is None else slot(f"initial {key}"))
+                if final is not None:
+                    self.final_grads.append((adjoint_args[-1], final))
             else:
                 allocated(arg)
                 adjoint_args.append(slots[arg.name])

@@ -2,17 +2,18 @@
 with any halstm cell underneath (``RNN(cell_type, ...)``).
 
 Each layer and direction runs as one compiled halstm function over the whole sequence (compiled on
-first use per sequence length, batch, dtype and device, then cached), called through the
-``halstm::sequence`` op registered with ``torch.library``: tensors pass by DLPack on torch's current
-CUDA stream, and its fake implementation lets ``torch.compile`` trace around it. Multi-layer with
+first use per sequence length, batch, dtype and device, then cached): tensors pass by DLPack on
+torch's current CUDA stream. In eager mode ``_Sequence`` (a ``torch.autograd.Function``) calls it
+directly; while ``torch.compile`` traces, the ``halstm::sequence`` op registered with
+``torch.library`` does, its fake implementation letting the trace go around it. Multi-layer with
 dropout between layers, bidirectional, batch_first, unbatched (2-D) input, empty batches (nothing
 compiled), and variable lengths (a ``lengths`` tensor or a ``PackedSequence``) behave as in torch.
 Inputs, initial states and lengths are checked before anything compiles or runs.
 
-Modules train: the op's backward (``halstm::sequence_backward``, registered with
-``torch.library.register_autograd``) runs the backward through time that ``halstm.gradients``
-compiles from the same cell, giving torch the gradients with respect to the input, every parameter
-and the initial states of each layer direction.
+Modules train: ``_Sequence.backward``, or the op's backward (``halstm::sequence_backward``,
+registered with ``torch.library.register_autograd``), runs the backward through time that
+``halstm.gradients`` compiles from the same cell, giving torch the gradients with respect to the
+input, every parameter and the initial states of each layer direction.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from .compiler import BUILD_LOCK, compile as compile_cell
 from .gradients import compile_backward
 from .lowering import cell_hash
 
-# The op's key names a cell definition (its lowered expressions' hash), so that layers and modules
-# with the same cell share compiled functions, and a key never refers to another cell.
+# The op's key names a cell definition (its lowered expressions' hash, and "-tf32" with allow_tf32), so
+# that layers and modules with the same cell share compiled functions, and a key never refers to another
+# cell.
 _CELLS: dict[str, object] = {}  # key -> a cell with that definition
+_TF32: set[str] = set()  # the keys whose float32 GEMMs may run as TF32 (``allow_tf32``)
 _COMPILED: dict[tuple, object] = {}  # (compiler, key, T, B, dtype, device) -> compiled function
 
 
@@ -44,17 +47,33 @@ def _compiled(compiler, key: str, x: torch.Tensor):
             f = _COMPILED.get(cache)
             if f is None:
                 dtype = str(x.dtype).replace("torch.", "")
-                f = _COMPILED[cache] = compiler(_CELLS[key], T, B, dtype, _target(x.device))
+                f = _COMPILED[cache] = compiler(_CELLS[key], T, B, dtype, _target(x.device),
+                                                allow_tf32=key in _TF32)
     return f
 
 
-@torch.library.custom_op("halstm::sequence", mutates_args=())
-def sequence_op(key: str, x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor]) -> list[torch.Tensor]:
+def _sequences(key: str, x: torch.Tensor, states, params) -> list[torch.Tensor]:
     """Every state of one layer direction at every step: a (T + 1, B, H) tensor per state."""
     cell = _CELLS[key]
     f = _compiled(compile_cell, key, x)
     seqs = f.sequences(x, dict(zip(cell.parameters(), params)), dict(zip(cell.states, states)))
     return [seqs[s] for s in cell.states]
+
+
+def _gradients(key: str, x: torch.Tensor, params, seqs, grads) -> list[torch.Tensor]:
+    """[dx, d initial state per state, d parameter per parameter] of one layer direction, given its
+    state sequences and the gradients with respect to them (None where a state has none)."""
+    cell = _CELLS[key]
+    f = _compiled(compile_backward, key, x)
+    dx, dparams, dstates = f(x, dict(zip(cell.parameters(), params)), dict(zip(cell.states, seqs)),
+                             {s: g for s, g in zip(cell.states, grads) if g is not None})
+    return [dx, *(dstates[s] for s in cell.states), *(dparams[n] for n in cell.parameters())]
+
+
+@torch.library.custom_op("halstm::sequence", mutates_args=())
+def sequence_op(key: str, x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``_sequences`` as an op that ``torch.compile`` traces around."""
+    return _sequences(key, x, states, params)
 
 
 @sequence_op.register_fake
@@ -65,14 +84,9 @@ def _empty_sequences(key, x, states, params):
 
 @torch.library.custom_op("halstm::sequence_backward", mutates_args=())
 def sequence_backward_op(key: str, x: torch.Tensor, params: list[torch.Tensor], seqs: list[torch.Tensor],
-                         grads: list[torch.Tensor]) -> list[torch.Tensor]:
-    """[dx, d initial state per state, d parameter per parameter] of one layer direction, given its
-    state sequences and the gradients with respect to them."""
-    cell = _CELLS[key]
-    f = _compiled(compile_backward, key, x)
-    dx, dparams, dstates = f(x, dict(zip(cell.parameters(), params)), dict(zip(cell.states, seqs)),
-                             dict(zip(cell.states, grads)))
-    return [dx, *(dstates[s] for s in cell.states), *(dparams[n] for n in cell.parameters())]
+                         grads: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    """``_gradients`` as an op that ``torch.compile`` traces around."""
+    return _gradients(key, x, params, seqs, grads)
 
 
 @sequence_backward_op.register_fake
@@ -88,13 +102,41 @@ def _save(ctx, inputs, output):
 
 def _backward(ctx, grads):
     (x, *saved), (n_params, n_states) = ctx.saved_tensors, ctx.counts
-    params, seqs = saved[:n_params], saved[n_params:]
-    grads = [torch.zeros_like(s) if g is None else g for g, s in zip(grads, seqs)]
-    dx, *rest = sequence_backward_op(ctx.key, x, params, seqs, grads)
+    dx, *rest = sequence_backward_op(ctx.key, x, saved[:n_params], saved[n_params:], list(grads))
     return None, dx, rest[:n_states], rest[n_states:]
 
 
 torch.library.register_autograd("halstm::sequence", _backward, setup_context=_save)
+
+
+class _Sequence(torch.autograd.Function):
+    """``halstm::sequence`` and its backward outside ``torch.compile``: the compiled functions called
+    directly, without the ops' dispatch, argument flattening and generated autograd node.
+    ``apply(key, number of states, x, *states, *params)``. A training step's host time, one layer,
+    LSTM T=5 B=2 H=16 float32 on the 2-core CPU (``TVM_NUM_THREADS=1 python
+    benchmarks/call_overhead.py LSTM 5,2,16 --training --reps 3000``, three runs): 337-391 us,
+    596-684 us through the ops."""
+
+    @staticmethod
+    def forward(ctx, key, count, x, *tensors):
+        seqs = _sequences(key, x, tensors[:count], tensors[count:])
+        ctx.key = key
+        ctx.set_materialize_grads(False)  # a state without a gradient: None, left out of the backward's grads
+        ctx.save_for_backward(x, *tensors[count:], *seqs)
+        return tuple(seqs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, *saved = ctx.saved_tensors
+        n_params = len(saved) - len(grads)
+        return None, None, *_gradients(ctx.key, x, saved[:n_params], saved[n_params:], grads)
+
+
+def _run(key, x, states, params) -> list[torch.Tensor]:
+    """A layer direction's state sequences, through the ops while ``torch.compile`` traces."""
+    if torch.compiler.is_compiling():
+        return sequence_op(key, x, states, params)
+    return _Sequence.apply(key, len(states), x, *states, *params)
 
 
 def _target(device: torch.device):
@@ -107,28 +149,33 @@ def _target(device: torch.device):
 
 class RNN(torch.nn.Module):
     """A multi-layer, optionally bidirectional recurrent network of ``cell_type`` cells. With
-    ``bias=False`` the cell's bias terms (``Cell.bias_parameters``) are zero and not parameters."""
+    ``bias=False`` the cell's bias terms (``Cell.bias_parameters``) are zero and not parameters.
+    ``allow_tf32=True`` lets float32 GEMMs, forward and backward, run on CUDA tensor cores as TF32
+    (``halstm.compile``'s ``allow_tf32``; cuDNN's float32 default); without it float32 is exact."""
 
     def __init__(self, cell_type, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-                 device=None, dtype=None):
+                 device=None, dtype=None, allow_tf32: bool = False):
         super().__init__()
         if num_layers < 1 or not 0 <= dropout <= 1:
             raise ValueError(f"num_layers must be >= 1 and dropout in [0, 1], got {num_layers}, {dropout}")
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
-        self.bidirectional = bidirectional
+        self.bidirectional, self.allow_tf32 = bidirectional, bool(allow_tf32)
         self.directions = 2 if bidirectional else 1
-        self._cells = {}
+        self._layers = []  # per layer direction, in torch's order: (key, cell, ((parameter name, shape), ...))
         for layer in range(num_layers):
             for direction in range(self.directions):
                 size = input_size if layer == 0 else hidden_size * self.directions
                 cell = cell_type(size, hidden_size)
                 dropped = () if bias else cell.bias_parameters()
                 suffix = f"_l{layer}" + ("_reverse" if direction else "")
-                key = f"{cell.name}-{cell_hash(cell)}"
+                key = f"{cell.name}-{cell_hash(cell)}" + ("-tf32" if allow_tf32 else "")
                 _CELLS.setdefault(key, cell)
-                self._cells[suffix] = (key, cell)
+                if allow_tf32:
+                    _TF32.add(key)
+                names = tuple((name + suffix, shape) for name, shape in cell.parameters().items())
+                self._layers.append((key, cell, names))
                 for name, shape in cell.parameters().items():
                     if name not in dropped:
                         self.register_parameter(name + suffix, torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
@@ -143,7 +190,7 @@ class RNN(torch.nn.Module):
     def extra_repr(self):
         return (f"{self.cell.name}, {self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
                 f"bias={self.bias}, batch_first={self.batch_first}, dropout={self.dropout}, "
-                f"bidirectional={self.bidirectional}")
+                f"bidirectional={self.bidirectional}" + (", allow_tf32=True" if self.allow_tf32 else ""))
 
     def forward(self, input, hx=None, lengths=None):
         """``input`` (T, B, I) (or (B, T, I) with batch_first, (T, I) for one sequence, or a
@@ -167,14 +214,12 @@ class RNN(torch.nn.Module):
         for layer in range(self.num_layers):
             outputs = []
             for direction in range(self.directions):
-                suffix = f"_l{layer}" + ("_reverse" if direction else "")
-                key, cell = self._cells[suffix]
                 index = layer * self.directions + direction
-                states = [initial[s][index].contiguous() for s in cell.states]
-                params = [self._param(name + suffix, shape, x) for name, shape in cell.parameters().items()]
+                key, cell, names = self._layers[index]
+                params = [self._param(name, shape, x) for name, shape in names]
                 source = _reverse(x, lengths) if direction else x
-                run = sequence_op if B else _empty_sequences  # an empty batch: nothing to compile or run
-                seqs = dict(zip(cell.states, run(key, source.contiguous(), states, params)))
+                run = _run if B else _empty_sequences  # an empty batch: nothing to compile or run
+                seqs = dict(zip(cell.states, run(key, source.contiguous(), initial[index], params)))
                 out = seqs[cell.output][1:]
                 outputs.append(_reverse(out, lengths) if direction else out)
                 for s in cell.states:
@@ -209,20 +254,20 @@ class RNN(torch.nn.Module):
                              f"got {input.shape[-1]} (shape {tuple(input.shape)})")
         if input.shape[1 if self.batch_first and input.dim() == 3 else 0] == 0:
             raise ValueError(f"input: expected a sequence length of at least 1, got 0 (shape {tuple(input.shape)})")
-        weight = next(self.parameters(), None)
+        weight = next(iter(self._parameters.values()), None)
         if weight is not None and input.dtype != weight.dtype:
             raise ValueError(f"input: expected dtype {weight.dtype} (the parameters'), got {input.dtype}")
         if weight is not None and input.device != weight.device:
             raise ValueError(f"input: expected device {weight.device} (the parameters'), got {input.device}")
         return input.dim() == 3
 
-    def _initial_states(self, hx, B, x, batched):
-        """The initial states as (L * D, B, H) tensors by state name; ``hx`` is checked against
-        torch's layout (no batch dimension for unbatched input) and x's dtype and device."""
+    def _initial_states(self, hx, B, x, batched) -> list:
+        """Each layer direction's initial states, (B, H) each in the cell's order of states (one zeros
+        tensor for all without ``hx``); ``hx`` is checked against torch's layout (no batch dimension
+        for unbatched input) and x's dtype and device."""
         count = self.num_layers * self.directions
         if hx is None:
-            zeros = x.new_zeros((count, B, self.hidden_size))
-            return {s: zeros for s in self.cell.states}
+            return [[x.new_zeros((B, self.hidden_size))] * len(self.cell.states)] * count
         hx = (hx,) if isinstance(hx, torch.Tensor) else tuple(hx)
         if len(hx) != len(self.cell.states):
             raise ValueError(f"hx: expected {len(self.cell.states)} tensors {self.cell.states}, got {len(hx)}")
@@ -234,7 +279,7 @@ class RNN(torch.nn.Module):
                 raise ValueError(f"hx['{s}']: expected shape {shape} {layout}, got {tuple(h.shape)}")
             if h.dtype != x.dtype or h.device != x.device:
                 raise ValueError(f"hx['{s}']: expected {x.dtype} on {x.device} (the input's), got {h.dtype} on {h.device}")
-        return {s: h if batched else h.unsqueeze(1) for s, h in zip(self.cell.states, hx)}
+        return [list(states) for states in zip(*((h if batched else h.unsqueeze(1)).unbind() for h in hx))]
 
 
 def _lengths(lengths, T, shape, device):

@@ -140,14 +140,15 @@ class SequenceFunction:
 
 class Pack:
     """Buffers allocated together (``new_all`` of a frame): each at an ALIGNMENT-aligned byte offset
-    of one allocation, ``nbytes`` in all."""
+    of one allocation, ``nbytes`` in all; ``ends[i]``: the bytes that the first i + 1 take."""
 
     def __init__(self, args):
-        self.args, self.offsets, end = tuple(args), [], 0
+        self.args, self.offsets, self.ends, end = tuple(args), [], [], 0
         for a in self.args:
             self.offsets.append(end)
             size = math.prod(a.shape) * np.dtype(numpy_dtype(a.dtype)).itemsize
             end += -(-size // ALIGNMENT) * ALIGNMENT
+            self.ends.append(end)
         self.nbytes = end
 
     @functools.cached_property
@@ -205,8 +206,8 @@ class _NumpyFrame:
     def new(self, arg: Arg, zeros: bool):
         return new_array(arg, self.device, zeros)
 
-    def new_all(self, pack: Pack) -> list:
-        return [new_array(a, self.device, False) for a in pack.args]
+    def new_all(self, pack: Pack, zeros: int = 0) -> list:
+        return [new_array(a, self.device, i < zeros) for i, a in enumerate(pack.args)]
 
     def result(self, tensor):
         return np.from_dlpack(tensor) if self.cpu and tensor.dtype != "bfloat16" else tensor.numpy()
@@ -235,15 +236,18 @@ class TorchFrame:
         make = torch.zeros if zeros else torch.empty
         return make(arg.shape, dtype=getattr(torch, arg.dtype), device=self.torch_device)
 
-    def new_all(self, pack: Pack) -> list:
-        """The pack's buffers, uninitialised: views of one torch allocation (one call to the caching
-        allocator, and one free when the last of them goes)."""
+    def new_all(self, pack: Pack, zeros: int = 0) -> list:
+        """The pack's buffers, the first ``zeros`` of them zeros (one fill) and the rest uninitialised:
+        views of one torch allocation (one call to the caching allocator, and one free when the last
+        of them goes)."""
         import torch
 
         if not pack.args:
             return []
         flat = torch.empty(pack.nbytes + ALIGNMENT, dtype=torch.uint8, device=self.torch_device)
         start, typed, views = -flat.data_ptr() % ALIGNMENT, {}, []
+        if zeros:
+            flat[start:start + pack.ends[zeros - 1]].zero_()
         for dtype, shape, strides, offset, size in pack.torch_views:
             whole = typed.get(dtype)
             if whole is None:

@@ -293,6 +293,24 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     return db.best(key)
 
 
+def tune_training(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, database=None,
+                  log=None, **search) -> tuple[Record | None, Record | None]:
+    """Tune a training problem (``halstm tune --training``): the forward (``tune``), then the backward's
+    reversed time loop, the adjoint cell that ``compile_backward`` compiles for ``steps + 1`` steps
+    (``gradients.reversed_loop``), each recorded under its own key in ``database``; ``search`` as
+    for ``tune``. Returns both best records (forward, reversed loop). ``compile_backward`` and
+    ``halstm.nn`` then use the reversed loop's record; the functions around the loop keep the
+    step-loop recipe's defaults."""
+    from .gradients import reversed_loop
+
+    log = log or _print
+    db = database if isinstance(database, Database) else Database(database)
+    forward = tune(cell, steps, batch, dtype, target, database=db, log=log, **search)
+    adjoint = reversed_loop(cell, int(steps), int(batch), dtype, target, allow_tf32=search.get("allow_tf32", False))
+    log(f"the backward's reversed loop: {adjoint.name}, {int(steps) + 1} steps")
+    return forward, tune(adjoint, int(steps) + 1, batch, dtype, target, database=db, log=log, **search)
+
+
 def _check_search(trials, repeat, timeout, builders) -> None:
     """Reject search settings that mean nothing or would record every candidate as failed."""
     for name, value, optional in (("trials", trials, True), ("repeat", repeat, False), ("builders", builders, True)):

@@ -297,6 +297,11 @@ class CudaStepLoop(Recipe):
             elementwise = [b for b in elementwise
                            if not (sch.get(b).name_hint in operands and is_pure_copy(sch, b))]
             elementwise = merge_next_states(sch, sch.get_sblock(scope), elementwise)
+            # before the GEMMs: rfactor refuses a scope that holds a tensorized GEMM's block
+            columns = [b for b in elementwise if reduces_columns(sch, b) and _whole_slices(sch, b, k["threads"])]
+            elementwise = [b for b in elementwise if b not in columns]
+            for block in columns:
+                bind_column_reduction(sch, block, k["threads"])
             for gemm in gemms:
                 fused = fuse_epilogue(sch, gemm, k, program, target) if scope == "step" else set()
                 if not fused:
@@ -691,26 +696,101 @@ def bind_reduction(sch: Schedule, block, threads: int) -> None:
     sch.bind(tx, "threadIdx.x")
 
 
+COLUMN_SLICE = 64  # rows a thread sums in a column reduction's first kernel
+
+
+def reduces_columns(sch: Schedule, block) -> bool:
+    """Whether ``block`` sums down columns (a bias gradient over T x B rows, d_bias[j] = sum over r
+    of d[r, j]): one spatial and one reduce loop, some read strided along the reduced variable and
+    none along the spatial one, so that threads at consecutive columns read consecutive elements
+    or one (a row's own value: a layer norm's rstd[r] in its gain's gradient)."""
+    iters = sch.get(block).iter_vars
+    spatial = [iv.var for iv in iters if iv.iter_type == IterVar.DataPar]
+    reduced = [iv.var for iv in iters if iv.iter_type == IterVar.CommReduce]
+    if len(sch.get_loops(block)) != 2 or len(spatial) != 1 or len(reduced) != 1:
+        return False
+    reads = sch.get(block).reads
+    return any(_strided(r, reduced[0]) for r in reads) and not any(_strided(r, spatial[0]) for r in reads)
+
+
+def _whole_slices(sch: Schedule, block, threads: int) -> bool:
+    """Whether a ``reduces_columns`` block's first kernel splits without remainder (its rows into
+    COLUMN_SLICE slices, slices x columns into thread blocks): a remainder's predicates leave the
+    scope no stage pipeline for a tensor-core GEMM's compute_at (TVM 0.27: ResetBeforeGRU fp16
+    T=5, B=16, H=32); such a block keeps ``bind_reduction``."""
+    columns, rows = (sch.get(loop).extent.value for loop in sch.get_loops(block))
+    return rows % COLUMN_SLICE == 0 and rows // COLUMN_SLICE * columns % threads == 0
+
+
+def bind_column_reduction(sch: Schedule, block, threads: int) -> None:
+    """A ``reduces_columns`` block out[j] = sum over r of in[r, j] in two kernels whose warps read
+    consecutive columns (whole lines):
+
+        partial[s, j] = sum of in[r, j] over the COLUMN_SLICE rows of slice s    (rfactor)
+            a thread an (s, j) (bind_flat, columns inner), its sum in a register
+        out[j] = sum over s of partial[s, j]
+            WARP columns a thread block (threadIdx.x), threads / WARP lanes (threadIdx.y)
+            striding over the slices, combined by TVM's cross-thread reduction
+
+    The register (cache_write) is placed before the columns are split: placed under a split's
+    thread loop, its copy to partial went past the columns (TVM 0.27 left it unguarded). One
+    thread block a column, its threads striding over rows (bind_reduction), loaded a 32-byte
+    sector an element: 178 us for 6400 x 4096 float32 on an H200."""
+    _, rows = sch.get_loops(block)
+    partial = sch.rfactor(sch.split(rows, [None, COLUMN_SLICE])[0], factor_axis=0)
+    column, piece, within = sch.get_loops(partial)
+    sch.reorder(piece, column)
+    sch.reverse_compute_at(sch.cache_write(partial, 0, "local"), column)
+    bind_flat(sch, partial, threads)
+    sch.decompose_reduction(partial, within)
+    column, piece = sch.get_loops(block)
+    column_block, column_thread = sch.split(column, [None, WARP])
+    sch.bind(column_block, "blockIdx.x")
+    sch.bind(column_thread, "threadIdx.x")
+    sch.bind(sch.split(piece, [None, threads // WARP])[1], "threadIdx.y")
+
+
+def _strided(read, var) -> bool:
+    """Whether ``read`` moves by whole rows as ``var`` does: ``var`` in an index but its last."""
+    indices = [r.min for r in read.region]
+    return bool(indices) and not _uses(indices[-1], var) and any(_uses(e, var) for e in indices[:-1])
+
+
+def _uses(expr, var) -> bool:
+    """Whether ``expr`` reads variable ``var``."""
+    return any(v.same_as(var) for v in undefined_vars(expr, []))
+
+
 TRANSPOSE_TILE = 32
 TRANSPOSE_ROWS = 8  # tile rows a round: 8 x 32 = 256 threads a block, 4 rounds a tile
 
 
 def _transposes(sch: Schedule, block) -> bool:
-    """Whether ``block`` writes as rows its reads' columns (w_packed[k, n] = weights[n, k]); packed
-    (N, K) (``PackedLayout.k_major``, or laid out so by the wgmma GEMM: wgmma.py) it is a copy."""
-    row = sch.get(block).writes[0].region[0].min
-    return any(any(v.same_as(row) for v in undefined_vars(r.region[-1].min, []))
-               for r in sch.get(block).reads)
+    """Whether ``block`` writes as rows what it reads as columns: a 2-D write whose row variable is in
+    every read's last index and whose column's variables are in none (w_packed[k, n] = weights[n, k],
+    an if_then_else over stacked weights; dgemm0_transposed[n, r] = dgemm0_seq[r, n]; a cast of
+    one). Packed (N, K) (``PackedLayout.k_major``, or laid out so by the wgmma GEMM: wgmma.py) a
+    weight is a copy; a block that also reads along its rows (y[b, n] = a[b, n] * rstd[b], a weight
+    gradient's term flat[0, n * K + k]) transposes nothing."""
+    write, reads = sch.get(block).writes[0].region, sch.get(block).reads
+    if len(write) != 2:
+        return False
+    row, column = (r.min for r in write)
+    return all(r.region and _uses(r.region[-1].min, row)
+               and not any(_uses(r.region[-1].min, v) for v in undefined_vars(column, []))
+               for r in reads)
 
 
 def schedule_transpose(sch: Schedule, block) -> bool:
-    """A ``w_packed*`` block (w_packed[k, n] = stacked weights[n, k]) as a tiled transpose, one
-    32 x 32 tile a thread block: its threads compute the tile, consecutive threads at consecutive k
-    (consecutive elements of a source row: coalesced reads), into a shared tile [k, n] with rows
-    padded to 33 elements (storage_align: the 32 threads of a warp, 33 elements apart, hit 32 banks,
-    at 4 bytes and at 2), then copy it out, consecutive threads at consecutive n (coalesced writes).
-    ncu, H100, LSTM B=64 fp16, per weight: H=1024 (1024 x 4096) 32.3 us flat (one element a
-    thread, reads strided by K), 7.6 us tiled; H=512 10.3 us, 3.8 us.
+    """A ``_transposes`` loop nest (a ``w_packed*`` block, w_packed[k, n] = stacked weights[n, k],
+    or the backward's transposed copies: outputs merged into one nest by merge_next_states each
+    get a tile) as a tiled transpose, one 32 x 32 tile a thread block: its threads compute the
+    tile, consecutive threads at consecutive k (consecutive elements of a source row: coalesced
+    reads), into a shared tile [k, n] with rows padded to 33 elements (storage_align: the 32
+    threads of a warp, 33 elements apart, hit 32 banks, at 4 bytes and at 2), then copy it out,
+    consecutive threads at consecutive n (coalesced writes). ncu, H100, LSTM B=64 fp16, per
+    weight: H=1024 (1024 x 4096) 32.3 us flat (one element a thread, reads strided by K), 7.6 us
+    tiled; H=512 10.3 us, 3.8 us.
 
     32 x 32 for every dtype: a warp reads and writes 32 consecutive elements, whole 32-byte sectors
     at 2 bytes too. The tile holds the block's output (cache_write), not its source (cache_read):
@@ -719,27 +799,28 @@ def schedule_transpose(sch: Schedule, block) -> bool:
     region without the condition: weight_hz[-50:50] for the second of two 50-row weights). Ragged
     K and N are guarded by the splits' predicates.
 
-    Returns False, leaving the block alone, for any other block, a packing that does not transpose
-    (``_transposes``), a blocked layout (PackedLayout with ``tile``: three loops; CUDA does not use
-    it) or a block that shares its loops with another (merge_next_states)."""
+    Returns False, leaving the block alone, where the nest has other than two loops (a blocked
+    layout, PackedLayout with ``tile``; CUDA does not use it) or a block of it does not transpose."""
     loops = sch.get_loops(block)
-    if (not sch.get(block).name_hint.startswith("w_packed") or len(loops) != 2
-            or len(sch.get_child_blocks(loops[0])) != 1 or not _transposes(sch, block)):
+    nest = sch.get_child_blocks(loops[0]) if len(loops) == 2 else []
+    if not nest or not all(_transposes(sch, b) for b in nest):
         return False
-    tile = sch.cache_write(block, 0, "shared")
-    sch.storage_align(block, 0, axis=0, factor=TRANSPOSE_TILE, offset=1)
+    tiles = [sch.cache_write(b, 0, "shared") for b in nest]
+    for b in nest:
+        sch.storage_align(b, 0, axis=0, factor=TRANSPOSE_TILE, offset=1)
     k, n = loops
     k_block, k_thread = sch.split(k, [None, TRANSPOSE_TILE])
     n_block, n_round, n_thread = sch.split(n, [None, TRANSPOSE_TILE // TRANSPOSE_ROWS, TRANSPOSE_ROWS])
     sch.reorder(k_block, n_block, n_round, n_thread, k_thread)
-    tiles = sch.fuse(k_block, n_block)
-    sch.bind(tiles, "blockIdx.x")
+    grid = sch.fuse(k_block, n_block)
+    sch.bind(grid, "blockIdx.x")
     sch.bind(sch.fuse(n_thread, k_thread), "threadIdx.x")
-    sch.reverse_compute_at(tile, tiles)
-    # the copy's loops span the tile's part of the output, fewer than 32 where K or N is (24 x 24:
-    # 8 x 24 threads bound to the block's 256 read past the tile on an H100); one loop over the
-    # part, split by the block's threads, guards any size (a part of one row or column has one loop)
-    copy = sch.get_loops(tile)[1:]
-    _, thread = sch.split(sch.fuse(*copy) if len(copy) > 1 else copy[0], [None, TRANSPOSE_TILE * TRANSPOSE_ROWS])
-    sch.bind(thread, "threadIdx.x")
+    for tile in tiles:
+        sch.reverse_compute_at(tile, grid)
+        # the copy's loops span the tile's part of the output, fewer than 32 where K or N is (24 x 24:
+        # 8 x 24 threads bound to the block's 256 read past the tile on an H100); one loop over the
+        # part, split by the block's threads, guards any size (a part of one row or column has one loop)
+        copy = sch.get_loops(tile)[1:]
+        _, thread = sch.split(sch.fuse(*copy) if len(copy) > 1 else copy[0], [None, TRANSPOSE_TILE * TRANSPOSE_ROWS])
+        sch.bind(thread, "threadIdx.x")
     return True

@@ -1,13 +1,17 @@
 """A CUDA kernel's TVMScript run in Python, one emulated thread at a time, in float64: ``T`` stands
 for TVMScript's namespace (math, casts, blocks, the WMMA calls), ``Buffer`` for a buffer whose every
 access ``Memory`` records to find races between threads (``Race``). Used by the persistent kernel's
-tests (its step text, phase by phase) and the weight-packing tests (TVM's lowered kernels)."""
+tests (its step text, phase by phase), the weight-packing tests and ``run_kernel`` (TVM's lowered
+kernels)."""
 
 import ast
 import contextlib
+import itertools
 import math
 
 import numpy as np
+import tvm
+import tvm_ffi
 
 
 class Race(AssertionError):
@@ -198,6 +202,12 @@ _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "FloorDiv": "//", "FloorMod": "%"
 _ACCESS = {1: "r", 2: "w", 3: "rw"}
 
 
+def identifier(name: str) -> str:
+    """A TIR name as a Python name: lowered kernels name their threads blockIdx.x, rfactor its
+    buffers x.rf."""
+    return name.replace(".", "_")
+
+
 def python_expr(e) -> str:
     """A TensorIR expression as Python over the names of ``T`` and of the buffers and variables."""
     kind = type(e).__name__
@@ -206,7 +216,7 @@ def python_expr(e) -> str:
     if kind == "StringImm":
         return repr(e.value)
     if kind == "Var":
-        return "0" if e.name == "elem_offset" else e.name  # a view's offset: views are rows of their buffer here
+        return "0" if e.name == "elem_offset" else identifier(e.name)  # a view's offset: views are rows of their buffer here
     if kind in _BINARY:
         return f"({python_expr(e.a)} {_BINARY[kind]} {python_expr(e.b)})"
     if kind in ("Min", "Max"):
@@ -218,13 +228,13 @@ def python_expr(e) -> str:
     if kind == "Select":
         return f"({python_expr(e.true_value)} if {python_expr(e.condition)} else {python_expr(e.false_value)})"
     if kind == "TensorLoad":
-        return f"{e.source.name}[{', '.join(map(python_expr, e.indices))}]"
+        return f"{identifier(e.source.name)}[{', '.join(map(python_expr, e.indices))}]"
     if kind == "Call":
         op, args = e.op.name, list(e.args)
         if op == "prim.if_then_else":  # lazily: the arm not taken is not read, as in TIR and CUDA
             return f"({python_expr(args[1])} if {python_expr(args[0])} else {python_expr(args[2])})"
         if op == "tirx.buffer_data":
-            return args[0].name
+            return identifier(args[0].name)
         if op == "tirx.tvm_access_ptr":
             return f'{python_expr(args[1])}.access_ptr("{_ACCESS[args[4].value]}", offset={python_expr(args[2])})'
         typed = [f'"{e.ty}"'] if op in ("tirx.call_extern", "tirx.reinterpret") else []
@@ -234,13 +244,20 @@ def python_expr(e) -> str:
 
 def python_lines(stmt) -> list[str]:
     """A TensorIR statement as Python lines (``python_expr``); a block's own buffers (WMMA
-    fragments) allocated where it starts, its declared reads and writes left out."""
+    fragments) allocated where it starts, its declared reads and writes left out; in a lowered
+    kernel, a __syncthreads as ``yield`` (``run_kernel``), the buffers' declarations left out."""
     kind = type(stmt).__name__
+    if kind == "AttrStmt":  # a thread's launch, a reduction's scope
+        return python_lines(stmt.body)
+    if kind in ("DeclBuffer", "AllocBuffer"):
+        return []
+    if kind == "Evaluate" and _is_call(stmt.value, "tirx.tvm_storage_sync"):
+        return ["yield"]
     if kind == "SeqStmt":
         return [line for s in stmt.seq for line in python_lines(s)]
     if kind == "For":
         body = python_lines(stmt.body)
-        return [f"for {stmt.loop_var.name} in range({python_expr(stmt.min)}, {python_expr(stmt.min + stmt.extent)}):",
+        return [f"for {identifier(stmt.loop_var.name)} in range({python_expr(stmt.min)}, {python_expr(stmt.min + stmt.extent)}):",
                 *("    " + line for line in body)]
     if kind == "IfThenElse":
         out = [f"if {python_expr(stmt.condition)}:", *("    " + line for line in python_lines(stmt.then_case))]
@@ -248,12 +265,59 @@ def python_lines(stmt) -> list[str]:
             out += ["else:", *("    " + line for line in python_lines(stmt.else_case))]
         return out
     if kind == "BufferStore":
-        return [f"{stmt.buffer.name}[{', '.join(map(python_expr, stmt.indices))}] = {python_expr(stmt.value)}"]
+        return [f"{identifier(stmt.buffer.name)}[{', '.join(map(python_expr, stmt.indices))}] = {python_expr(stmt.value)}"]
     if kind == "Evaluate":
         return [python_expr(stmt.value)]
     if kind == "SBlockRealize":
         block = stmt.block
-        allocs = [f"{b.name} = T.sblock_alloc_buffer(({', '.join(map(python_expr, b.shape))},))"
+        allocs = [f"{identifier(b.name)} = T.sblock_alloc_buffer(({', '.join(map(python_expr, b.shape))},))"
                   for b in block.alloc_buffers]
         return allocs + python_lines(block.body)
     raise NotImplementedError(f"the emulator cannot run {kind}")
+
+
+def _is_call(e, op: str) -> bool:
+    return isinstance(e, tvm.ir.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == op
+
+
+def run_kernel(func, arrays: dict) -> None:
+    """Run a kernel as TVM's CUDA pipeline lowers it (a device PrimFunc) in Python: block by block,
+    and in a block every thread up to its next __syncthreads before any goes on, all of them
+    reaching the same ones. ``arrays``: flat arrays by the name of the parameter that holds their
+    data, written in place; one not given (an intermediate buffer, rfactor's partial sums) is
+    added as NaN. Races and accesses out of bounds raise; registers and shared memory start as NaN."""
+    memory, launch, buffers, allocs = Memory(), {}, {}, []
+    tvm_ffi.structural_walk(func.body, [
+        (tvm.tirx.AttrStmt, lambda s: launch.update({s.node.var.name: int(s.value)})
+         if s.attr_key == "thread_extent" else None),
+        (tvm.tirx.DeclBuffer, lambda s: buffers.update({identifier(s.buffer.name): Buffer(
+            s.buffer.name, arrays.setdefault(s.data.name, np.full(int(s.buffer.shape[0]), np.nan)), memory)})),
+        (tvm.tirx.AllocBuffer, lambda s: allocs.append(s.buffer)),
+    ])
+    lines = ["def kernel():", *("    " + line for line in python_lines(func.body)), "    yield"]
+    code = compile_text("\n".join(lines), "<kernel>")
+
+    def grid(prefix):
+        names = sorted(n for n in launch if n.startswith(prefix))
+        return [{identifier(n): i for n, i in zip(names, index)}
+                for index in itertools.product(*(range(launch[n]) for n in names))]
+
+    def fresh(scope):
+        return {identifier(b.name): np.full([int(d) for d in b.shape], np.nan) for b in allocs if b.scope() == scope}
+
+    for bx, block in enumerate(grid("blockIdx")):
+        shared = {n: Buffer(n, a, memory, shared=True) for n, a in fresh("shared").items()}
+        threads = []
+        for tx, thread in enumerate(grid("threadIdx")):
+            scope = {"T": T, **buffers, **shared, **fresh("local"), **block, **thread}
+            exec(code, scope)  # noqa: S102
+            threads.append(((bx, tx), scope["kernel"]()))
+        while threads:  # a phase: every thread on to its next __syncthreads
+            memory.phase += 1
+            running = []
+            for who, thread in threads:
+                memory.who = who
+                if next(thread, StopIteration) is not StopIteration:
+                    running.append((who, thread))
+            assert len(running) in (0, len(threads)), "the threads of a block reach different __syncthreads"
+            threads = running

@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 import tvm
-from conftest import NUMPY_DTYPE, TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
+from conftest import NUMPY_DTYPE, TF32_TOLERANCE, TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
 from halstm.targets import CudaTarget
 from tvm import te
 
@@ -331,7 +331,8 @@ def test_backward_generates_cuda(cell_type, dtype, batch, hidden, tmp_path):
 GPU_BACKWARD = [(c, dtype, (5, 16, 32)) for c in (halstm.LSTM, halstm.ResetBeforeGRU, halstm.LayerNormLSTM, GatedNormRNN)
                 for dtype in ("float32", "float16")]
 # the reversed loop in the persistent kernel (its defaults at these shapes), on tensor cores in fp16
-GPU_BACKWARD += [(c, dtype, (20, 16, 256)) for c in (halstm.LSTM, halstm.GRU) for dtype in ("float32", "float16")]
+# and in float32 with allow_tf32 ("tf32")
+GPU_BACKWARD += [(c, dtype, (20, 16, 256)) for c in (halstm.LSTM, halstm.GRU) for dtype in ("float32", "float16", "tf32")]
 
 
 @pytest.mark.gpu
@@ -343,9 +344,11 @@ def test_backward_on_gpu_against_float64(cell_type, dtype, shape, rng):
     T, B, H = shape
     cell = cell_type(H, H)
     target = CudaTarget.detect()
-    forward = halstm.compile(cell, T, B, dtype, target=target)
-    backward = compile_backward(cell, T, B, dtype, target=target)
-    if H == 256 and dtype == "float16":
+    tf32, tolerance = dtype == "tf32", TF32_TOLERANCE if dtype == "tf32" else TOLERANCE[dtype]
+    dtype = "float32" if tf32 else dtype
+    forward = halstm.compile(cell, T, B, dtype, target=target, allow_tf32=tf32)
+    backward = compile_backward(cell, T, B, dtype, target=target, allow_tf32=tf32)
+    if H == 256 and (dtype == "float16" or tf32):
         assert backward.adjoint.recipe.name == "cuda-persistent"
     x, params, states = random_inputs(cell, T, B, rng, dtype)
     gy, finals = rng.standard_normal((T, B, H)), {s: rng.standard_normal((B, H)) for s in cell.states}
@@ -356,7 +359,21 @@ def test_backward_on_gpu_against_float64(cell_type, dtype, shape, rng):
     got = as_dict(*backward(x_gpu, to_gpu(params), seqs, grads))
     want = as_dict(*reference_backward(cell, x, upcast(params), upcast(states), sequence_grads(cell, gy, finals)))
     for name, value in want.items():
-        assert rel_err(got[name].float().cpu().numpy(), value) < TOLERANCE[dtype], name
+        assert rel_err(got[name].float().cpu().numpy(), value) < tolerance, name
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_tf32_backward_runs_its_float32_gemms_on_tensor_cores(tmp_path):
+    """With allow_tf32 the reversed loop and the functions around it run their float32 GEMMs as TF32
+    (the loop in the persistent kernel at this shape); without it they stay exact, off tensor cores."""
+    h100, cell = CudaTarget("sm_90", sms=132), halstm.LSTM(256, 256)
+    tf32 = compile_backward(cell, 20, 16, "float32", target=h100, allow_tf32=True)
+    source = tf32.module.mod.imports[0].inspect_source()
+    assert tf32.program.allow_tf32 and ".tf32" in source
+    assert tf32.adjoint.program.allow_tf32 and tf32.adjoint.recipe.name == "cuda-persistent"
+    assert_nvcc_compiles(source, tmp_path)
+    exact = compile_backward(cell, 20, 16, "float32", target=h100)
+    assert not exact.adjoint.program.allow_tf32 and ".tf32" not in exact.module.mod.imports[0].inspect_source()
 
 
 def _adjoint_input(adjoint, x, params, seqs, grads):

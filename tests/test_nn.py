@@ -175,6 +175,33 @@ def test_gradients_match_cudnn_on_a_side_stream(ours, theirs, monkeypatch):
     assert same_gradients(module, reference, (x1, x2))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="no CUDA device")
+@pytest.mark.parametrize("ours, theirs", PAIRS, ids=["LSTM", "GRU"])
+def test_tf32_training_matches_float64(ours, theirs):
+    """allow_tf32: forward and backward on TF32 tensor cores (the reversed loop in the persistent
+    kernel at this shape), gradients within TF32's tolerance of the same model in float64."""
+    module, reference = twins(lambda **k: ours(**k, allow_tf32=True), theirs, input_size=256, hidden_size=256)
+    module, reference = module.cuda().train(), reference.double().cuda().train()
+    x = torch.randn(20, 16, 256, device="cuda")
+    x1, x2 = leaf(x), leaf(x.double())
+    backward(*module(x1))
+    backward(*reference(x2))
+    pairs = [(p.grad, q.grad) for p, q in zip(module.parameters(), reference.parameters())] + [(x1.grad, x2.grad)]
+    assert all(rel_err(a.cpu().double().numpy(), b.cpu().numpy()) < 1e-3 for a, b in pairs)
+
+
+def test_allow_tf32_modules_compile_apart():
+    """An allow_tf32 module and an exact one of the same cell never share compiled functions."""
+    exact, tf32 = halstm.nn.LSTM(7, 10), halstm.nn.LSTM(7, 10, allow_tf32=True)
+    assert "allow_tf32=True" in repr(tf32) and "allow_tf32" not in repr(exact)
+    x = torch.randn(5, 3, 7)
+    tf32.load_state_dict(exact.state_dict())
+    assert close(exact(x)[0], tf32(x)[0])  # the CPU has no TF32: both exact
+    keys = {k[1] for k in halstm.nn._COMPILED}
+    assert {exact._layers[0][0], tf32._layers[0][0]} <= keys and exact._layers[0][0] != tf32._layers[0][0]
+
+
 def test_import_halstm_gives_nn_lazily():
     """``import halstm`` loads neither torch nor TVM; ``halstm.nn`` then works without its own import."""
     code = ("import sys, halstm; heavy = {'torch', 'tvm'} & set(sys.modules); "

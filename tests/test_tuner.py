@@ -11,6 +11,7 @@ import halstm
 from halstm import targets
 from halstm.cli import main
 from halstm.database import Database, Record, tuning_key
+from halstm.gradients import compile_backward, reversed_loop
 from halstm.lowering import lower
 from halstm.schedules import CpuStepLoop, Recipe
 from halstm.tuner import tune
@@ -78,6 +79,24 @@ def test_compile_takes_the_record_of_the_nearest_sequence_length(tmp_path):
     with pytest.warns(UserWarning, match="does not run here; using the defaults"):
         f = halstm.compile(cell, 8, 3, database=db)
     assert (f.knobs, f.record) == (CpuStepLoop().defaults(lower(cell, 8, 3, "float32"), target), None)
+
+
+def test_training_tune_records_the_reversed_loop_that_compile_backward_then_uses(tmp_path, capsys):
+    """``halstm tune --training`` tunes the forward and the backward's reversed loop (the adjoint cell,
+    T + 1 steps), each under its own key; compile_backward compiles the loop with its best record."""
+    db = Database(tmp_path / "db.jsonl")
+    argv = ["tune", "--training", "--cell", "LSTM", "--input-size", "8", "--hidden-size", "8", "--steps", "3",
+            "--batch", "2", "--trials", "2", "--builders", "1", "--database", str(db.path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "forward: cpu-step-loop" in out and "reversed loop: cpu-step-loop" in out, out
+    cell, target = halstm.LSTM(8, 8), targets.resolve("cpu")
+    adjoint = reversed_loop(cell, 3, 2, "float32", target)
+    keys = {(r.key["cell"], r.key["steps"]) for r in db.records()}
+    assert keys == {("LSTM", 3), (adjoint.name, 4)}
+    best = db.best(tuning_key(adjoint, 4, 2, "float32", target))
+    backward = compile_backward(cell, 3, 2, database=db)
+    assert backward.adjoint.record == best and backward.adjoint.knobs == best.knobs
 
 
 class WrongGRU(halstm.GRU):
