@@ -106,7 +106,14 @@ def _backward(ctx, grads):
     return None, dx, rest[:n_states], rest[n_states:]
 
 
+def _no_second_derivative(ctx, grads):
+    raise NotImplementedError("halstm.nn: second derivatives (differentiating a gradient taken with "
+                              "create_graph=True) are not supported")
+
+
 torch.library.register_autograd("halstm::sequence", _backward, setup_context=_save)
+torch.library.register_autograd("halstm::sequence_backward", _no_second_derivative,
+                                setup_context=lambda ctx, inputs, output: None)
 
 
 class _Sequence(torch.autograd.Function):
@@ -129,7 +136,9 @@ class _Sequence(torch.autograd.Function):
     def backward(ctx, *grads):
         x, *saved = ctx.saved_tensors
         n_params = len(saved) - len(grads)
-        return None, None, *_gradients(ctx.key, x, saved[:n_params], saved[n_params:], grads)
+        # under create_graph, through the op, whose own backward refuses a second derivative
+        gradients = sequence_backward_op if torch.is_grad_enabled() else _gradients
+        return None, None, *gradients(ctx.key, x, saved[:n_params], saved[n_params:], list(grads))
 
 
 def _run(key, x, states, params) -> list[torch.Tensor]:

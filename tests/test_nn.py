@@ -126,6 +126,14 @@ def test_torch_compile_traces_the_backward():
     assert all(torch.allclose(g, p.grad) for g, p in zip(grads, module.parameters()))
 
 
+def test_second_derivatives_are_refused_not_silently_wrong():
+    module, x = halstm.nn.LSTM(3, 4), torch.randn(5, 2, 3, requires_grad=True)
+    y, _ = module(x)
+    dx, = torch.autograd.grad(y.sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="second derivatives"):
+        dx.sum().backward()
+
+
 def test_bad_initial_state_is_named():
     module = halstm.nn.LSTM(3, 4)
     with pytest.raises(ValueError, match=r"hx\['h'\]: expected shape \(1, 1, 4\)"):
