@@ -53,7 +53,7 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     ``allow_tf32`` lets float32 GEMMs run on tensor cores as TF32 (operands rounded to 10 mantissa
     bits, as cuDNN and cuBLAS do by default; relative error ~1e-3 instead of ~1e-6) where the GPU
     has them (sm_80+). Without it, float32 stays float32-accurate: on Hopper the step loop may run
-    its GEMMs as three TF32 products each (``schedules.cuda.split_tf32``, within float32's
+    its GEMMs as three TF32 products each (``schedules.cuda_gemm.split_tf32``, within float32's
     tolerance; ``knobs={"tensor_cores": False}`` keeps them on FFMA cores).
     A malformed or stale record, or a database that cannot be read, is passed over with a warning
     (``_tuned``). Threads may call it at once: they compile one at a time (``BUILD_LOCK``).

@@ -1,7 +1,7 @@
 """CUDA recipe for the convolutions of ``halstm.models.conv``, by the shape each block's tag names:
 
-    GEMM   the step loop's tiled GEMM (``cuda.gemm_tiled``: shared-memory tiles, a register tile a
-           thread)
+    GEMM   the step loop's tiled GEMM (``cuda_ffma.gemm_tiled``: shared-memory tiles, a register
+           tile a thread)
     taps   one thread an output (m, c), the K taps in a loop: a warp reads 32 adjacent channels
     rows   chunks of ``chunk`` rows summed by one thread a (chunk, column) into partial sums
            (rfactor), adjacent threads on adjacent columns; then a thread a column adds the chunks
@@ -21,8 +21,9 @@ from halstm.models.conv import HEAD, ROWS, TAPS
 from halstm.ops import MATMUL_TAG
 
 from .conv import ConvRecipe
-from .cuda import BYTES, GemmTile, bind_flat, gemm_tiled
-from .cuda_tensorcore import WARP
+from .cuda_blocks import bind_flat
+from .cuda_ffma import GemmTile, gemm_tiled
+from .cuda_tensorcore import BYTES, WARP
 
 
 class CudaConv(ConvRecipe):

@@ -75,9 +75,11 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import PackedLayout
 
-from .cuda import (BYTES, CudaStepLoop, bind_flat, epilogue_units, hoisted_tensor_core_tile, on_wgmma,
-                   schedule_gemm, schedule_transpose, split_tf32, use_tensor_cores)
-from .cuda_tensorcore import tensor_cores_available
+from .cuda import CudaStepLoop
+from .cuda_blocks import bind_flat, schedule_transpose
+from .cuda_epilogue import epilogue_units
+from .cuda_gemm import hoisted_tensor_core_tile, on_wgmma, schedule_gemm, split_tf32, use_tensor_cores
+from .cuda_tensorcore import BYTES, tensor_cores_available
 from .block_gemm import VECTOR
 from .persistent_kernel import PersistentKernel
 from .step_program import per_program

@@ -163,7 +163,7 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str, epil
 
     With ``epilogue`` the GEMM is one tile (bm x bn, K whole tiles) placed under the caller's
     block loop (``compute_at``) before the elementwise math that reads its result: that math reads
-    the C tile, and the result never goes to global memory (cuda.py, ``fuse_epilogue``)."""
+    the C tile, and the result never goes to global memory (cuda_epilogue.py, ``fuse_epilogue``)."""
     store_operand_in(sch, block, dtype)
     rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-3:])
     whole = {0: rows % tile.bm == 0 and depth % tile.bk == 0, 1: depth % tile.bk == 0 and cols % tile.bn == 0}

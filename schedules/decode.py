@@ -13,7 +13,9 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 
 from .cpu import CpuStepLoop, parallel_rows
-from .cuda import CudaStepLoop, bind_flat, bind_reduction, gemm_tiled, step_tile
+from .cuda import CudaStepLoop
+from .cuda_blocks import bind_flat, bind_reduction
+from .cuda_ffma import gemm_tiled, step_tile
 from .recipe import child_blocks, inline_elementwise, is_pure_copy, is_reduction, merge_next_states
 
 

@@ -17,7 +17,7 @@ from tvm.tirx.analysis import undefined_vars
 
 import halstm
 from halstm.gradients import lower_backward_for
-from halstm.schedules.cuda import bind_column_reduction, reduces_columns, schedule_transpose
+from halstm.schedules.cuda_blocks import bind_column_reduction, reduces_columns, schedule_transpose
 from halstm.targets import CudaTarget
 
 H100 = CudaTarget("sm_90", sms=132)
@@ -189,7 +189,7 @@ def test_backward_kernels_but_the_gemms_are_coalesced(cell_type):
     transposing copies (one element a thread, 334 us for two 4096 x 6400 fp16 copies) included. fp16
     at H=128: the GEMMs on wgmma, whose blocks, tensorized, share the scope of the sums (rfactor
     refuses that scope: the sums are scheduled before the GEMMs). T*B = 128 rows split into whole
-    slices (``_whole_slices``; sums that do not keep ``bind_reduction``)."""
+    slices (``whole_slices``; sums that do not keep ``bind_reduction``)."""
     recipe, knobs, program, scheduled = lower_backward_for(cell_type(128, 128), 8, 16, "float16", H100)
     assert scheduled  # the recipe's schedules, made on the way
     gemms = {g.name for p in program.functions.values() for g in p.plan.gemms}

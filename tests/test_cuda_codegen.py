@@ -18,8 +18,8 @@ import halstm
 from halstm import schedules
 from halstm.lowering import PackedLayout
 from halstm.schedules import CudaPersistent, CudaStepLoop
-from halstm.schedules.cuda import (hoisted_tensor_core_tile, hoisted_tile, on_wgmma, step_tensor_core_tile,
-                                   step_tile)
+from halstm.schedules.cuda_ffma import hoisted_tile, step_tile
+from halstm.schedules.cuda_gemm import hoisted_tensor_core_tile, on_wgmma, step_tensor_core_tile
 from halstm.schedules.cuda_persistent import _prologue_knobs
 from halstm.schedules.cuda_tensorcore import TensorCoreTile, tensorize_works
 from halstm.targets import CudaTarget

@@ -248,7 +248,7 @@ def test_warp_fragments_share_the_tiles_evenly(row_tiles, frags, most, chosen):
 
 def test_shared_buffers_start_32_byte_aligned():
     """Merged back to back, every buffer starts where WMMA's loads and stores may point (32 bytes)."""
-    from halstm.schedules.cuda import BYTES
+    from halstm.schedules.cuda_tensorcore import BYTES
 
     for cell in CELLS:
         program = _program(cell, batch=3, hidden=50, dtype="float16")

@@ -14,7 +14,7 @@ import halstm
 from conftest import TF32_TOLERANCE, TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
 from halstm.lowering import PackedLayout
 from halstm.schedules import CudaPersistent, CudaStepLoop
-from halstm.schedules.cuda import on_wgmma
+from halstm.schedules.cuda_gemm import on_wgmma
 from halstm.schedules.cuda_persistent import _prologue_knobs
 from halstm.schedules.cuda_tensorcore import tensorize_works
 from halstm.schedules.wgmma import WgmmaTile, gemm_wgmma, wgmma_available, wgmma_tile

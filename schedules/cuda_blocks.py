@@ -1,0 +1,173 @@
+"""The CUDA schedules of the blocks that are not GEMMs: elementwise blocks a thread an output
+(``bind_flat``), a cell's own reductions a thread block an output (``bind_reduction``), sums down
+columns in two coalesced kernels (``bind_column_reduction``) and transposing copies through shared
+tiles (``schedule_transpose``: the packed weights, the backward's transposed copies).
+"""
+
+from __future__ import annotations
+
+from tvm.s_tir import Schedule
+from tvm.tirx import IterVar
+from tvm.tirx.analysis import undefined_vars
+
+from .cuda_tensorcore import WARP
+from .recipe import pow2_at_least
+
+
+def bind_flat(sch: Schedule, block, threads: int) -> None:
+    """One thread per output element; any reduction of the block runs serially inside its thread
+    (its reduce loops are innermost, as te.create_prim_func makes them)."""
+    loops = sch.get_loops(block)
+    reduce = sum(iv.iter_type == IterVar.CommReduce for iv in sch.get(block).iter_vars)
+    fused = sch.fuse(*loops[: len(loops) - reduce])
+    bx, tx = sch.split(fused, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+
+
+def bind_reduction(sch: Schedule, block, threads: int) -> None:
+    """A cell's own reduction (a layer norm's sum over a row): a thread block an output, its
+    threads (up to ``threads``, a warp at least) striding over the reduced elements, their partial
+    results combined by a warp/block all-reduce (TVM's cross-thread reduction). Its reduce loops
+    are innermost, as te.create_prim_func makes them."""
+    loops = sch.get_loops(block)
+    reduce = sum(iv.iter_type == IterVar.CommReduce for iv in sch.get(block).iter_vars)
+    spatial, reduced = loops[: len(loops) - reduce], loops[len(loops) - reduce:]
+    elements = 1
+    for loop in reduced:
+        elements *= sch.get(loop).extent.value
+    width = min(threads, max(WARP, pow2_at_least(elements)))
+    _, tx = sch.split(sch.fuse(*reduced) if len(reduced) > 1 else reduced[0], [None, width])
+    if spatial:
+        sch.bind(sch.fuse(*spatial) if len(spatial) > 1 else spatial[0], "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+
+
+COLUMN_SLICE = 64  # rows a thread sums in a column reduction's first kernel
+
+
+def reduces_columns(sch: Schedule, block) -> bool:
+    """Whether ``block`` sums down columns (a bias gradient over T x B rows, d_bias[j] = sum over r
+    of d[r, j]): one spatial and one reduce loop, some read strided along the reduced variable and
+    none along the spatial one, so that threads at consecutive columns read consecutive elements
+    or one (a row's own value: a layer norm's rstd[r] in its gain's gradient)."""
+    iters = sch.get(block).iter_vars
+    spatial = [iv.var for iv in iters if iv.iter_type == IterVar.DataPar]
+    reduced = [iv.var for iv in iters if iv.iter_type == IterVar.CommReduce]
+    if len(sch.get_loops(block)) != 2 or len(spatial) != 1 or len(reduced) != 1:
+        return False
+    reads = sch.get(block).reads
+    return any(_strided(r, reduced[0]) for r in reads) and not any(_strided(r, spatial[0]) for r in reads)
+
+
+def whole_slices(sch: Schedule, block, threads: int) -> bool:
+    """Whether a ``reduces_columns`` block's first kernel splits without remainder (its rows into
+    COLUMN_SLICE slices, slices x columns into thread blocks): a remainder's predicates leave the
+    scope no stage pipeline for a tensor-core GEMM's compute_at (TVM 0.27: ResetBeforeGRU fp16
+    T=5, B=16, H=32); such a block keeps ``bind_reduction``."""
+    columns, rows = (sch.get(loop).extent.value for loop in sch.get_loops(block))
+    return rows % COLUMN_SLICE == 0 and rows // COLUMN_SLICE * columns % threads == 0
+
+
+def bind_column_reduction(sch: Schedule, block, threads: int) -> None:
+    """A ``reduces_columns`` block out[j] = sum over r of in[r, j] in two kernels whose warps read
+    consecutive columns (whole lines):
+
+        partial[s, j] = sum of in[r, j] over the COLUMN_SLICE rows of slice s    (rfactor)
+            a thread an (s, j) (bind_flat, columns inner), its sum in a register
+        out[j] = sum over s of partial[s, j]
+            WARP columns a thread block (threadIdx.x), threads / WARP lanes (threadIdx.y)
+            striding over the slices, combined by TVM's cross-thread reduction
+
+    The register (cache_write) is placed before the columns are split: placed under a split's
+    thread loop, its copy to partial went past the columns (TVM 0.27 left it unguarded). One
+    thread block a column, its threads striding over rows (bind_reduction), loaded a 32-byte
+    sector an element: 178 us for 6400 x 4096 float32 on an H200."""
+    _, rows = sch.get_loops(block)
+    partial = sch.rfactor(sch.split(rows, [None, COLUMN_SLICE])[0], factor_axis=0)
+    column, piece, within = sch.get_loops(partial)
+    sch.reorder(piece, column)
+    sch.reverse_compute_at(sch.cache_write(partial, 0, "local"), column)
+    bind_flat(sch, partial, threads)
+    sch.decompose_reduction(partial, within)
+    column, piece = sch.get_loops(block)
+    column_block, column_thread = sch.split(column, [None, WARP])
+    sch.bind(column_block, "blockIdx.x")
+    sch.bind(column_thread, "threadIdx.x")
+    sch.bind(sch.split(piece, [None, threads // WARP])[1], "threadIdx.y")
+
+
+def _strided(read, var) -> bool:
+    """Whether ``read`` moves by whole rows as ``var`` does: ``var`` in an index but its last."""
+    indices = [r.min for r in read.region]
+    return bool(indices) and not _uses(indices[-1], var) and any(_uses(e, var) for e in indices[:-1])
+
+
+def _uses(expr, var) -> bool:
+    """Whether ``expr`` reads variable ``var``."""
+    return any(v.same_as(var) for v in undefined_vars(expr, []))
+
+
+TRANSPOSE_TILE = 32
+TRANSPOSE_ROWS = 8  # tile rows a round: 8 x 32 = 256 threads a block, 4 rounds a tile
+
+
+def _transposes(sch: Schedule, block) -> bool:
+    """Whether ``block`` writes as rows what it reads as columns: a 2-D write whose row variable is in
+    every read's last index and whose column's variables are in none (w_packed[k, n] = weights[n, k],
+    an if_then_else over stacked weights; dgemm0_transposed[n, r] = dgemm0_seq[r, n]; a cast of
+    one). Packed (N, K) (``PackedLayout.k_major``, or laid out so by the wgmma GEMM: wgmma.py) a
+    weight is a copy; a block that also reads along its rows (y[b, n] = a[b, n] * rstd[b], a weight
+    gradient's term flat[0, n * K + k]) transposes nothing."""
+    write, reads = sch.get(block).writes[0].region, sch.get(block).reads
+    if len(write) != 2:
+        return False
+    row, column = (r.min for r in write)
+    return all(r.region and _uses(r.region[-1].min, row)
+               and not any(_uses(r.region[-1].min, v) for v in undefined_vars(column, []))
+               for r in reads)
+
+
+def schedule_transpose(sch: Schedule, block) -> bool:
+    """A ``_transposes`` loop nest (a ``w_packed*`` block, w_packed[k, n] = stacked weights[n, k],
+    or the backward's transposed copies: outputs merged into one nest by merge_next_states each
+    get a tile) as a tiled transpose, one 32 x 32 tile a thread block: its threads compute the
+    tile, consecutive threads at consecutive k (consecutive elements of a source row: coalesced
+    reads), into a shared tile [k, n] with rows padded to 33 elements (storage_align: the 32
+    threads of a warp, 33 elements apart, hit 32 banks, at 4 bytes and at 2), then copy it out,
+    consecutive threads at consecutive n (coalesced writes). ncu, H100, LSTM B=64 fp16, per
+    weight: H=1024 (1024 x 4096) 32.3 us flat (one element a thread, reads strided by K), 7.6 us
+    tiled; H=512 10.3 us, 3.8 us.
+
+    32 x 32 for every dtype: a warp reads and writes 32 consecutive elements, whole 32-byte sectors
+    at 2 bytes too. The tile holds the block's output (cache_write), not its source (cache_read):
+    with several stacked weights the value is an ``if_then_else`` over them, and cache_read stages
+    a tile of each weight over all the tile's rows, past the weight's own (TVM 0.27 takes the read
+    region without the condition: weight_hz[-50:50] for the second of two 50-row weights). Ragged
+    K and N are guarded by the splits' predicates.
+
+    Returns False, leaving the block alone, where the nest has other than two loops (a blocked
+    layout, PackedLayout with ``tile``; CUDA does not use it) or a block of it does not transpose."""
+    loops = sch.get_loops(block)
+    nest = sch.get_child_blocks(loops[0]) if len(loops) == 2 else []
+    if not nest or not all(_transposes(sch, b) for b in nest):
+        return False
+    tiles = [sch.cache_write(b, 0, "shared") for b in nest]
+    for b in nest:
+        sch.storage_align(b, 0, axis=0, factor=TRANSPOSE_TILE, offset=1)
+    k, n = loops
+    k_block, k_thread = sch.split(k, [None, TRANSPOSE_TILE])
+    n_block, n_round, n_thread = sch.split(n, [None, TRANSPOSE_TILE // TRANSPOSE_ROWS, TRANSPOSE_ROWS])
+    sch.reorder(k_block, n_block, n_round, n_thread, k_thread)
+    grid = sch.fuse(k_block, n_block)
+    sch.bind(grid, "blockIdx.x")
+    sch.bind(sch.fuse(n_thread, k_thread), "threadIdx.x")
+    for tile in tiles:
+        sch.reverse_compute_at(tile, grid)
+        # the copy's loops span the tile's part of the output, fewer than 32 where K or N is (24 x 24:
+        # 8 x 24 threads bound to the block's 256 read past the tile on an H100); one loop over the
+        # part, split by the block's threads, guards any size (a part of one row or column has one loop)
+        copy = sch.get_loops(tile)[1:]
+        _, thread = sch.split(sch.fuse(*copy) if len(copy) > 1 else copy[0], [None, TRANSPOSE_TILE * TRANSPOSE_ROWS])
+        sch.bind(thread, "threadIdx.x")
+    return True
