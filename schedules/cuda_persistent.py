@@ -109,6 +109,8 @@ MAX_TILE_REGISTERS = 64  # accumulators + operand registers a thread may hold (s
 # 1.630 / 1.687 (GRU (100,16,512) 0.207 and LSTM (100,8,512) 0.229 against 0.224 and 0.223 for the
 # kernel before, with waiters and a separate split-K sum); 64 KiB, GRU (100,64,1024) 0.700 / 0.590,
 # LSTM there 0.814 / 0.812: a block's repeated polls of 64 KiB crowd L2.
+# Not where several GEMMs poll, a state each (the backward's reversed loop, one GEMM a gate). H100
+# fp16, LSTM's reversed loop, T=101, prepared ms, without / with waiters: (101,16,512) 0.562 / 0.621, (101,64,1024) 1.426 / 1.598.
 POLL_WAITERS_ABOVE_BYTES = 32 * 1024
 
 
@@ -158,7 +160,7 @@ class CudaPersistent(Recipe):
         where the dtype and arch allow them from TENSOR_CORE_MIN_BATCH rows; the hoisted
         GEMM's fragments as the step loop's. On tensor cores the batch over row blocks too
         (``_row_blocks``). Waiters before a polled staging above POLL_WAITERS_ABOVE_BYTES, or where
-        no input projection is prefetched first (``poll_operand``)."""
+        no input projection is prefetched first (``poll_operand``), where one GEMM polls."""
         H, B = program.cell.hidden_size, program.batch
         k = super().defaults(program, target, switches)
         k["tc_hoisted_frags"] = _step_loop_defaults(program, target, k["wgmma"])["tc_hoisted_frags"]
@@ -170,8 +172,8 @@ class CudaPersistent(Recipe):
         if k["tensor_cores"]:
             k = _row_blocks(self, program, target, k)
         kernel = PersistentKernel.plan(program, target, k)
-        k["poll_waiters"] = bool(kernel and kernel.polled) and (kernel.polled_bytes > POLL_WAITERS_ABOVE_BYTES
-                                                              or not kernel.hoisted)
+        k["poll_waiters"] = (bool(kernel and kernel.polled) and len(kernel.gemms) == 1
+                             and (kernel.polled_bytes > POLL_WAITERS_ABOVE_BYTES or not kernel.hoisted))
         return k
 
     def preferred(self, program, target) -> bool:

@@ -303,6 +303,20 @@ def test_defaults_split_k_over_the_threads():
     assert g.tiles * g.split == kernel.threads and kernel.grid == 128
 
 
+@pytest.mark.parametrize("batch, hidden", [(16, 512), (64, 1024)])
+def test_defaults_leave_out_waiters_where_several_gemms_poll(batch, hidden):
+    """The backward's reversed loop of LSTM, one GEMM a gate (fp16 on Hopper): four polled states
+    (64 KiB and 512 KiB staged a step), no waiters (POLL_WAITERS_ABOVE_BYTES)."""
+    from halstm.gradients import reversed_loop
+
+    adjoint = reversed_loop(halstm.LSTM(hidden, hidden), 100, batch, "float16", H100)
+    program = halstm.lower(adjoint, steps=101, batch=batch, dtype="float16")
+    knobs = CudaPersistent().defaults(program, H100)
+    kernel = PersistentKernel.plan(program, H100, knobs)
+    assert len(kernel.gemms) == 4 and len(kernel.polled) == 4 and kernel.polled_bytes > 32 * 1024
+    assert not knobs["poll_waiters"]
+
+
 def test_math_adds_the_split_k_partials():
     """B=16, H=512 (16 split-K parts): no pass of all threads sums the partial tiles into a buffer;
     the elementwise math reads each gate's 16 partials and adds them."""
