@@ -92,13 +92,17 @@ class BackwardPlan:
         return [g for g in self.forward.gemms if g.stage > 0]
 
     @property
-    def each_step(self) -> list[GradGemm]:
-        """The recurrent GEMMs' operands' adjoints that the rows function computes: the later stages'
+    def rows_operands(self) -> list[Gemm]:
+        """The recurrent GEMMs whose operands' adjoints the rows function computes: the later stages'
         (they pass adjoints on to earlier results), and the first stage's where the operand reads x
         or a parameter (its adjoint into the states is the reversed loop's)."""
-        return [_operand_adjoint(g) for g in self.recurrent
+        return [g for g in self.recurrent
                 if g.stage > 1 or any(isinstance(op, te.PlaceholderOp) and op.name not in self.cell.states
                                       for op in upstream(g.operand))]
+
+    @property
+    def each_step(self) -> list[GradGemm]:
+        return [_operand_adjoint(g) for g in self.rows_operands]
 
     @property
     def after_loop(self) -> list[GradGemm]:
@@ -113,9 +117,10 @@ class BackwardPlan:
         return Plan(self.cell, self.forward.matmuls, self.forward.hoisted, self.forward.stages[:1])
 
     def rows_plan(self) -> Plan:
-        """The rows function's GEMMs as recipes read a plan: the hoisted GEMMs in its prologue, the
-        forward's stages and the operands' adjoints in its step."""
-        return Plan(self.cell, self.forward.matmuls, self.forward.hoisted, [*self.forward.stages, self.each_step],
+        """The rows function's GEMMs as recipes read a plan: the forward's later stages and the
+        operands' adjoints in its step (the hoisted and first-stage GEMMs' results it reads from the
+        reversed loop's input)."""
+        return Plan(self.cell, self.forward.matmuls, [], [*self.forward.stages[1:], self.each_step],
                     self.forward.x_in_step)
 
     def weights_plan(self) -> Plan:
@@ -128,7 +133,9 @@ class BackwardPlan:
                  f"  prepare, over all T*B rows: {recomputed} recomputed; the adjoint cell's input, steps reversed",
                  "  the reversed time loop (T + 1 steps), compiled as a cell: "
                  + str(make_plan(self.adjoint)).replace("\n", "\n  "),
-                 "  rows, over all T*B rows: the forward's GEMMs recomputed; the step's adjoints from D_{t+1}"
+                 f"  rows, over all T*B rows: {recomputed} read from the adjoint cell's input"
+                 + (", the later stages' GEMMs recomputed" if len(self.forward.stages) > 1 else "")
+                 + "; the step's adjoints from D_{t+1}"
                  + (", with" if self.each_step else "")]
         lines += [f"    {g}" for g in self.each_step]
         if self.forward.x_in_step:
@@ -329,17 +336,21 @@ def _rows(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) 
     recurrent = [(i, g) for i, g in enumerate(forward.gemms) if g.stage > 0]
     args = [Arg("x", (T * B, cell.input_size), dtype, "x"), *_param_args(cell, dtype)]
     args += [Arg(f"{s}_seq", ((T + 1) * B, H), dtype, "seq") for s in cell.states]
+    args += [Arg("adjoint_x", ((T + 1) * B, plan.adjoint.input_size), dtype, "buffer")]  # prepare's
     args += [Arg(f"d{s}_seq", ((T + 2) * B, H), dtype, "buffer") for s in cell.states]  # the adjoint's
     between = _between(plan, dtype)
     args += [Arg(f"d{g.name}_seq", (T * B, g.rows), between, "buffer") for g in forward.gemms]
     args += [Arg(f"a_{g.name}_seq", (T * B, g.depth), between, "buffer") for _, g in recurrent]
     args += [Arg(f"d{p}_sum", (1, _numel(cell.parameters()[p])), ACCUMULATE, "buffer") for p in kept]
     args += _x_in_step_args(forward, T, B)
-    allocs = [f'{g.name} = T.alloc_buffer(({T * B}, {g.rows}), "{ACCUMULATE}")' for g in forward.hoisted]
-    allocs += [f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")' for i, g in recurrent]
-    allocs += [f'w_packed_t{i} = T.alloc_buffer({layout.shape(g.rows, g.depth)}, "{dtype}")' for i, g in recurrent]
-    prologue = [_body(_rows_prologue(plan, T, B, dtype, layout))]
-    views = [_view(f"{g.name}_t", g.name, "0", T * B, g.rows, ACCUMULATE) for g in forward.hoisted]
+    operands = plan.rows_operands
+    allocs = [f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")'
+              for i, g in recurrent if g.stage > 1]
+    allocs += [f'w_packed_t{i} = T.alloc_buffer({layout.shape(g.rows, g.depth)}, "{dtype}")'
+               for i, g in recurrent if g in operands]
+    before = _rows_prologue(plan, T, B, dtype, layout)
+    prologue = [_body(before) if before is not None else "T.evaluate(0)"]
+    views = []
     if forward.x_in_step:
         views += [_view("x_t", "x", "0", T * B, cell.input_size, dtype),
                   _view("dx_t", "dx_seq", "0", T * B, cell.input_size, ACCUMULATE)]
@@ -351,41 +362,54 @@ def _rows(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) 
     return _function(plan.rows_plan(), 1, T * B, dtype, layout, frame, _one_step(frame, step)), kept
 
 
-def _rows_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
-    cell, forward = plan.cell, plan.forward
+def _rows_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc | None:
+    """The later stages' weights packed, and transposed those of the GEMMs whose operands' adjoints
+    the step computes (None: nothing to do)."""
+    cell, forward, operands = plan.cell, plan.forward, plan.rows_operands
     x, states, params = placeholders(cell, T * B, dtype)
     hoisted = trace_hoisted(forward, x, states, params, layout)
-    recurrent = [(i, g) for i, g in enumerate(forward.gemms) if g.stage > 0]
-    outputs = [hoisted.gemms[g.name] for g in forward.hoisted] + [hoisted.packed[g.name] for _, g in recurrent]
-    outputs += [_transposed(g, params, layout, f"w_packed_t{i}") for i, g in recurrent]
+    outputs = [hoisted.packed[g.name] for g in forward.gemms if g.stage > 1]
+    outputs += [_transposed(g, params, layout, f"w_packed_t{i}") for i, g in enumerate(forward.gemms) if g in operands]
+    if not outputs:
+        return None
     inputs = [x, *params.values()]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
 def _rows_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLayout) -> tuple[tvm.tirx.PrimFunc, list[str]]:
     """The step over all T*B rows, differentiated from D_{t+1} (the adjoint's d<s> sequences, whose
-    steps run reversed, one row block on: row block T - t), and the parameters it keeps adjoints of."""
-    cell, forward, H, rows = plan.cell, plan.forward, plan.cell.hidden_size, T * B
-    step = trace_step(forward, rows, dtype, layout, autodiff=True)
+    steps run reversed, one row block on: row block T - t), and the parameters it keeps adjoints of.
+    The hoisted and first-stage GEMMs' results are the columns prepare wrote for the adjoint cell
+    (``adjoint_x``, in the storage dtype), not computed again."""
+    cell, forward, H, rows, adjoint = plan.cell, plan.forward, plan.cell.hidden_size, T * B, plan.adjoint
+    adjoint_x = te.placeholder(((T + 1) * B, adjoint.input_size), dtype, name="adjoint_x")
+
+    def read(g: Gemm):  # its result at row r's step, from the reversed loop's input
+        start = adjoint.where[g.name][0]
+        return te.compute((rows, g.rows), lambda r, n: adjoint_x[_reversed_row(r, T, B), start + n].astype(ACCUMULATE),
+                          name=f"{g.name}_read")
+
+    given = {g.name: read(g) for g in forward.gemms if g.stage <= 1}
+    step = trace_step(forward, rows, dtype, layout, autodiff=True, given=given)
     transposed = {
         g.name: te.placeholder(layout.shape(g.rows, g.depth), dtype, name=f"w_packed_t{i}")
         for i, g in enumerate(forward.gemms)
-        if g.stage > 0
+        if g in plan.rows_operands
     }
-    adjoint = [te.placeholder(((T + 2) * B, H), dtype, name=f"d{s}_seq") for s in cell.states]
+    adjoint_seqs = [te.placeholder(((T + 2) * B, H), dtype, name=f"d{s}_seq") for s in cell.states]
     def after_step(s, d):  # D_{t+1} of row r's step t
         return te.compute((rows, H), lambda r, j: d[_reversed_row(r, T, B) + B, j].astype(ACCUMULATE),
                           name=f"d{s}_next")
 
-    d_next = [after_step(s, d) for s, d in zip(cell.states, adjoint)]
+    d_next = [after_step(s, d) for s, d in zip(cell.states, adjoint_seqs)]
 
     def operand_rule(g: Gemm):
         def rule(d_result):
             return [(step.operands[g.name], _gemm(d_result, transposed[g.name], layout, g.depth, f"grad_a_{g.name}"))]
         return rule
 
-    rules = {step.gemms[g.name].op: operand_rule(g) for g in plan.recurrent}
-    results = [step.x_proj[g.name] if g.stage == 0 else step.gemms[g.name] for g in forward.gemms]
+    rules = {step.gemms[g.name].op: operand_rule(g) for g in plan.rows_operands}
+    results = [given[g.name] if g.name in given else step.gemms[g.name] for g in forward.gemms]
     x_t = [step.x] if step.x is not None else []  # the step's rows of x, where its math reads x itself
     found = adjoints(step.traced.next_states, d_next, [*results, *step.params.values(), *x_t], rules)
     d_x_t, found = (found[-1:], found[:-1]) if x_t else ([], found)
@@ -397,7 +421,7 @@ def _rows_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLay
     outputs += [_storage(step.operands[g.name], between, f"a_{g.name}_t") for g in plan.recurrent]
     outputs += [_flat(d_params[p], f"d{p}_t") for p in kept]
     outputs += [_storage(_or_zeros(d, x), ACCUMULATE, "dx_t") for x, d in zip(x_t, d_x_t)]
-    inputs = [*step.inputs, *transposed.values(), *adjoint]
+    inputs = [*step.inputs, adjoint_x, *transposed.values(), *adjoint_seqs]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs]), kept
 
 

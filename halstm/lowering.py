@@ -335,27 +335,34 @@ class StepTrace:
         return [*self.x_proj.values(), *x, *self.states, *self.params.values(), *self.packed.values()]
 
 
-def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodiff: bool = False) -> StepTrace:
+def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodiff: bool = False,
+               given: dict | None = None) -> StepTrace:
     """The step traced. A GEMM operand that is a state's float32 view is copied from the state itself,
     in its own dtype (the GEMM widens it): an fp16 state's tile is then a plain copy, which the
     tensor-core GEMM fetches 16 bytes at a time with cp.async, where a cast to fp32 and back was a load
     and two conversions. With ``autodiff`` the operands read the views, the ops the adjoints flow
-    through."""
-    cell = plan.cell
+    through. ``given``: GEMM results by name that the step reads instead of computing them (tensors
+    of (batch, rows) float32; their operands are still traced and recorded)."""
+    cell, given = plan.cell, given or {}
     _, _, params = placeholders(cell, batch, dtype)
     x = te.placeholder((batch, cell.input_size), dtype, name="x_t")
     states = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}_t") for s in cell.states]
-    x_proj = {g.name: te.placeholder((batch, g.rows), ACCUMULATE, name=f"{g.name}_t") for g in plan.hoisted}
+    x_proj = {g.name: te.placeholder((batch, g.rows), ACCUMULATE, name=f"{g.name}_t")
+              for g in plan.hoisted if g.name not in given}
     packed = {
         g.name: te.placeholder(layout.of(g).shape(g.depth, g.rows), dtype, name=f"w_packed{i}")
         for i, g in enumerate(plan.gemms)
-        if g.stage > 0
+        if g.stage > 0 and g.name not in given
     }
     gemms, operands = {}, {}
     views = [_math_view(s) for s in states]
     viewed = {} if autodiff else {view.op: s for view, s in zip(views, states)}
 
     def gemm_result(gemm, a, _weight):
+        if gemm.name in given:
+            if gemm.stage > 0 and gemm.name not in gemms:
+                gemms[gemm.name], operands[gemm.name] = given[gemm.name], a
+            return given[gemm.name]
         if gemm.stage == 0:
             return x_proj[gemm.name]
         if gemm.name not in gemms:
