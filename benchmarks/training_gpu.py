@@ -236,9 +236,9 @@ def main() -> int:
             tf32 = [False, True] if dtype == "float32" and args.device == "cuda" else [False]
             for allow_tf32 in tf32:
                 err = check(cell, getattr(torch, dtype), args.device, allow_tf32)
-                name = "tf32" if allow_tf32 else dtype
-                checks.append((cell, name, err, err < (TF32_TOLERANCE if allow_tf32 else TOLERANCE[dtype])))
-                print("check", cell, name, f"{err:.1e}", "PASS" if checks[-1][-1] else "FAIL", flush=True)
+                label = "tf32" if allow_tf32 else dtype
+                checks.append((cell, label, err, err < (TF32_TOLERANCE if allow_tf32 else TOLERANCE[dtype])))
+                print("check", cell, label, f"{err:.1e}", "PASS" if checks[-1][-1] else "FAIL", flush=True)
     rows = [bench(cell, shape, getattr(torch, dtype), args.device, not args.no_compile, args.profile)
             for shape in shapes for dtype in dtypes for cell in cells]
     text = "## Gradients against float64 (T, B, H = {}, {}, {})\n\n".format(*CHECK)
