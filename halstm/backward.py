@@ -50,6 +50,7 @@ from .lowering import (
     _view,
     indent,
     stacked,
+    tf32_big,
     trace_hoisted,
     trace_step,
 )
@@ -82,6 +83,7 @@ class BackwardPlan:
     forward: Plan
     gathered: bool = True
     exact_weights: bool = False  # the weight gradients' GEMM operands in float32 whatever the dtype
+    tf32: bool = False  # those operands rounded to TF32 (``_operand``)
 
     @property
     def cell(self) -> Cell:
@@ -208,12 +210,15 @@ def lower_backward(
     are packed in ``layout``'s strips, (K, N) otherwise, the gates' columns in order: columns grouped
     by units (a fused step epilogue's layout) would be gathers that autodiff cannot differentiate,
     and the backward packs its own weights, so it needs neither that grouping nor the forward's
-    (N, K) layout or its float32 split (``tf32x3``): exact float32 stays on FFMA here. ``gathered``:
+    float32 split (``tf32x3``): exact float32 stays on FFMA here. The forward's (N, K) layout
+    (``k_major``) is kept with ``allow_tf32``: TF32 wgmma reads no other (on WMMA instead, the weight
+    gradients' GEMMs of LSTM (100,64,1024) took 0.9 ms each on an H100). ``gathered``:
     the reversed loop's operand GEMM one a first-stage GEMM, else one a gate (``AdjointCell``);
     ``exact_weights``: the weight gradients' GEMMs on float32 operands (``_between``);
     ``allow_tf32``: float32 GEMMs may run on tensor cores as TF32 (``halstm.compile``'s)."""
-    backward = BackwardPlan(plan or make_plan(cell), gathered, exact_weights)
-    layout = PackedLayout(tile=layout.tile) if layout else PackedLayout()
+    tf32 = allow_tf32 and dtype == "float32" and layout is not None and layout.k_major
+    backward = BackwardPlan(plan or make_plan(cell), gathered, exact_weights, tf32)
+    layout = PackedLayout(tile=layout.tile, k_major=layout.k_major and allow_tf32) if layout else PackedLayout()
     prepare = _prepare(backward, steps, batch, dtype, layout)
     rows, kept = _rows(backward, steps, batch, dtype, layout)
     weights = _weights(backward, steps, batch, dtype, layout, kept)
@@ -416,9 +421,9 @@ def _rows_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLay
     d_results, d_params = found[: len(results)], dict(zip(step.params, found[len(results):]))
     kept = [p for p, d in d_params.items() if d is not None]
 
-    between = _between(plan, dtype)
-    outputs = [_storage(_or_zeros(d, r), between, f"d{g.name}_t") for g, r, d in zip(forward.gemms, results, d_results)]
-    outputs += [_storage(step.operands[g.name], between, f"a_{g.name}_t") for g in plan.recurrent]
+    outputs = [_stored_operand(plan, dtype, _or_zeros(d, r), f"d{g.name}_t")
+               for g, r, d in zip(forward.gemms, results, d_results)]
+    outputs += [_stored_operand(plan, dtype, step.operands[g.name], f"a_{g.name}_t") for g in plan.recurrent]
     outputs += [_flat(d_params[p], f"d{p}_t") for p in kept]
     outputs += [_storage(_or_zeros(d, x), ACCUMULATE, "dx_t") for x, d in zip(x_t, d_x_t)]
     inputs = [*step.inputs, adjoint_x, *transposed.values(), *adjoint_seqs]
@@ -426,6 +431,19 @@ def _rows_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLay
 
 
 # --- weights: all T*B rows at once ---------------------------------------------------------------
+
+def _operand(plan: BackwardPlan, dtype: str, value):
+    """A value of the weight gradients' GEMM operands as stored (``_between``); with ``plan.tf32``
+    (TF32 on wgmma, the operands packed (N, K)) rounded to TF32, to nearest: wgmma reads float32
+    truncated, and over a weight gradient's T*B rows truncation's bias added up (LSTM
+    (20,16,256), H100: d weight_hh 1.1e-3 from float64, 6.0e-4 on WMMA, which rounds)."""
+    value = value.astype(_between(plan, dtype))
+    return tf32_big(value) if plan.tf32 else value
+
+
+def _stored_operand(plan: BackwardPlan, dtype: str, t: te.Tensor, name: str) -> te.Tensor:
+    return te.compute(t.shape, lambda *i: _operand(plan, dtype, t(*i)), name=name)
+
 
 def _between(plan: BackwardPlan, dtype: str) -> str:
     """The dtype of what rows passes weights for its GEMMs (each result's adjoint dG, each recurrent
@@ -465,9 +483,10 @@ def _weights_prologue(plan: BackwardPlan, T: int, B: int, dtype: str, layout: Pa
     x, states, params = placeholders(cell, T * B, dtype)
     stored = {g.name: te.placeholder((T * B, g.depth), between, name=f"a_{g.name}_seq") for g in plan.recurrent}
     operands = {**trace_hoisted(forward, x, states, params, layout).operands, **stored}
-    outputs = [_transposed(g, params, layout, f"w_packed_t{i}") for i, g in enumerate(forward.gemms) if g.stage == 0]
+    outputs = [_transposed(g, params, layout, f"w_packed_t{i}", plan.tf32)
+               for i, g in enumerate(forward.gemms) if g.stage == 0]
     outputs += [
-        _pack(lambda k, n, a=operands[g.name]: a[k, n].astype(between), T * B, g.depth, layout, f"w_packed_a{i}")
+        _pack(lambda k, n, a=operands[g.name]: _operand(plan, dtype, a[k, n]), T * B, g.depth, layout, f"w_packed_a{i}")
         for i, g in enumerate(forward.gemms)
     ]
     d_results = [te.placeholder((T * B, g.rows), between, name=f"d{g.name}_seq") for g in forward.gemms]
@@ -563,7 +582,7 @@ def _pack(value, depth: int, cols: int, layout: PackedLayout, name: str) -> te.T
 
     def at(*i):
         if layout.tile is None:
-            return value(*i)
+            return value(*reversed(i)) if layout.k_major else value(*i)  # (N, K) or (K, N)
         k, n = i[1], i[0] * layout.tile + i[2]
         if cols % layout.tile == 0:
             return value(k, n)
@@ -573,6 +592,11 @@ def _pack(value, depth: int, cols: int, layout: PackedLayout, name: str) -> te.T
     return te.compute(layout.shape(depth, cols), at, name=name)
 
 
-def _transposed(g: Gemm, params, layout: PackedLayout, name: str) -> te.Tensor:
-    """A GEMM's stacked weights W (N, K), packed as the right operand of dA = dG W."""
-    return _pack(lambda n, k: stacked(g, params, n, k), g.rows, g.depth, layout, name)
+def _transposed(g: Gemm, params, layout: PackedLayout, name: str, tf32: bool = False) -> te.Tensor:
+    """A GEMM's stacked weights W (N, K), packed as the right operand of dA = dG W (``tf32``:
+    rounded to TF32, as ``_operand``)."""
+    def value(n, k):
+        w = stacked(g, params, n, k)
+        return tf32_big(w.astype(ACCUMULATE)).astype(str(w.ty)) if tf32 else w
+
+    return _pack(value, g.rows, g.depth, layout, name)

@@ -218,6 +218,25 @@ def test_compiled_low_precision_against_float64(dtype, rng):
         assert rel_err(got[name], value) < TOLERANCE[dtype], name
 
 
+@pytest.mark.parametrize("cell_type", [halstm.LSTM, halstm.ResetBeforeGRU], ids=lambda c: c.__name__)
+def test_backward_in_the_k_major_layout_matches_float64(cell_type, rng, monkeypatch):
+    """The backward's operands packed (N, K), as allow_tf32 keeps them for TF32 wgmma (which reads
+    no other layout), run on the CPU: its packings in that layout, and the weight gradients' operands
+    rounded to TF32, against float64 (transposed packings were off by 1.4 in dx)."""
+    from halstm.lowering import PackedLayout
+    from halstm.schedules import CpuStepLoop
+
+    cell, x, params, states, gy, finals = problem(cell_type, rng)
+    seqs = compiled(cell_type)[0].sequences(x, params, states)
+    monkeypatch.setattr(CpuStepLoop, "layout", lambda self, program, target, knobs: PackedLayout(k_major=True))
+    backward = compile_backward(cell, T_, B_, "float32", allow_tf32=True)
+    assert backward.program.prepare.layout.k_major and backward.program.plan.tf32
+    got = as_dict(*backward(x, params, seqs, sequence_grads(cell, gy, finals, np.float32)))
+    want = as_dict(*reference_backward(cell, x, upcast(params), upcast(states), sequence_grads(cell, gy, finals)))
+    for name, value in want.items():
+        assert rel_err(got[name], value) < TF32_TOLERANCE, name
+
+
 def test_torch_tensors_in_torch_tensors_out(rng):
     cell, x, params, states, gy, finals = problem(halstm.GRU, rng)
     to_torch = lambda d: {k: torch.from_numpy(v) for k, v in d.items()}
@@ -365,11 +384,13 @@ def test_backward_on_gpu_against_float64(cell_type, dtype, shape, rng):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_tf32_backward_runs_its_float32_gemms_on_tensor_cores(tmp_path):
     """With allow_tf32 the reversed loop and the functions around it run their float32 GEMMs as TF32
-    (the loop in the persistent kernel at this shape); without it they stay exact, off tensor cores."""
+    (the loop in the persistent kernel at this shape), the functions' all on wgmma (their operands
+    packed (N, K), the one layout TF32 wgmma reads); without it they stay exact, off tensor cores."""
     h100, cell = CudaTarget("sm_90", sms=132), halstm.LSTM(256, 256)
     tf32 = compile_backward(cell, 20, 16, "float32", target=h100, allow_tf32=True)
     source = tf32.module.mod.imports[0].inspect_source()
-    assert tf32.program.allow_tf32 and ".tf32" in source
+    assert tf32.program.allow_tf32 and "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32" in source
+    assert "wmma::" not in source
     assert tf32.adjoint.program.allow_tf32 and tf32.adjoint.recipe.name == "cuda-persistent"
     assert_nvcc_compiles(source, tmp_path)
     exact = compile_backward(cell, 20, 16, "float32", target=h100)
