@@ -9,7 +9,8 @@ In each dimension ``phi`` must be an axis plus a constant or a constant (a ``spl
 read as b[n] in a (B, N) compute, a GEMM operand a[b, k]); the axes it leaves out (the batch axis of
 the bias, the n of the GEMM) are summed over. A ``te.sum`` is differentiated through its source, its
 reduce axes counted as axes of Y. The scalar derivative df/dX is built node by node, for the node
-kinds that the oracle evaluates; anything else raises, naming what and where.
+kinds that the oracle evaluates; anything else raises, naming what and where. A value that it reads
+is stored where inlined it would be large (``_Bounded``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ _CALLS = {
     "erf": lambda a, y: 2.0 / math.sqrt(math.pi) * tirx.exp(-a * a),
 }
 _FLAT = {"floor", "ceil", "round", "trunc"}  # derivative zero wherever it exists
+# The nodes past which a value that the derived expressions read is stored (``_Bounded``): the
+# cells of halstm.cells read none past half of it (LayerNormLSTM's largest, 116 nodes)
+_INLINE_LIMIT = 256
 
 
 def adjoints(outputs, seeds, wrt, rules=None, reads=None) -> list[te.Tensor | None]:
@@ -60,7 +64,7 @@ def adjoints(outputs, seeds, wrt, rules=None, reads=None) -> list[te.Tensor | No
     parts = {op: [] for op in order}
     for out, seed in zip(outputs, seeds):
         parts[out.op].append(seed)
-    adjoint = {}
+    adjoint, bounded = {}, _Bounded()
     for op in reversed(order):
         if not depends[op] or not parts[op]:
             continue
@@ -68,7 +72,7 @@ def adjoints(outputs, seeds, wrt, rules=None, reads=None) -> list[te.Tensor | No
         if op in rules:
             reads = rules[op](dy)
         elif isinstance(op, te.ComputeOp):
-            reads = _reads(op, dy, lambda t: depends[t.op])
+            reads = _reads(op, dy, lambda t: depends[t.op], bounded)
         else:
             continue  # a placeholder: a leaf
         for tensor, contribution in reads:
@@ -100,7 +104,39 @@ def _total(tensor: te.Tensor, parts: list):
                       name=f"d_{tensor.op.name}")
 
 
-def _reads(op, dy, needed):
+class _Bounded:
+    """A value as the derivatives read it: the tensor itself or, where its expression with the
+    elementwise computes that it reads inlined passes ``_INLINE_LIMIT`` nodes, a sum of it over one
+    element. The schedules inline an elementwise compute into its readers unless one is a
+    reduction: so such a value is computed once and stored, not inlined into every adjoint whose
+    derivative reads it, and again into every adjoint that one's is inlined into (a clamped state
+    with a layer norm and a gate inlined into it, in the tests' GatedNormRNN, left TVM's
+    simplifier minutes of work)."""
+
+    def __init__(self):
+        self.sizes, self.copies = {}, {}
+
+    def __call__(self, t: te.Tensor) -> te.Tensor:
+        if t.op not in self.copies:
+            if self._size(t.op) <= _INLINE_LIMIT:
+                return t
+            one = te.reduce_axis((0, 1), name="one")
+            self.copies[t.op] = te.compute(t.shape, lambda *i: te.sum(t(*i), axis=one), name=f"{t.op.name}_stored")
+        return self.copies[t.op]
+
+    def _size(self, op) -> int:
+        if op not in self.sizes:
+            body = op.body[0] if isinstance(op, te.ComputeOp) else None
+            self.sizes[op] = 1 if body is None or type(body).__name__ == "Reduce" else self._nodes(body)
+        return self.sizes[op]
+
+    def _nodes(self, e) -> int:
+        if _is_load(e):
+            return self._size(e.args[0].op)
+        return 1 + sum(self._nodes(c) for c in _children(e))
+
+
+def _reads(op, dy, needed, bounded: _Bounded):
     """(tensor, contribution to its adjoint) for each distinct read in op of a tensor in ``needed``."""
     if op.num_outputs != 1:
         raise NotImplementedError(f"backward: compute '{op.name}' has {op.num_outputs} outputs; one is supported")
@@ -116,10 +152,10 @@ def _reads(op, dy, needed):
         tensor = read.args[0]
         partial = _Derivative(read, op.name).of(body) if needed(tensor) else None
         if partial is not None:
-            yield tensor, _scatter(op, dy, read, partial, condition, domain)
+            yield tensor, _scatter(op, dy, read, partial, condition, domain, bounded)
 
 
-def _scatter(op, dy, read, partial, condition, domain):
+def _scatter(op, dy, read, partial, condition, domain, bounded: _Bounded):
     """The contribution of one read X[phi(i)] in op: dY[i] * partial, gathered onto X's indices."""
     tensor = read.args[0]
     shape = [int(d) for d in tensor.shape]
@@ -146,9 +182,9 @@ def _scatter(op, dy, read, partial, condition, domain):
                 # simplifier makes it a condition on the outer loop: the if_then_else stays vectorised
                 inside.append(tirx.floordiv(env[v], domain[v]) == 0)
                 env[v] = tirx.max(tirx.min(env[v], domain[v] - 1), 0)
-        value = dy(*(env[iv.var] for iv in op.axis)) * _cast(_rebuild(partial, env), dy.dtype)
+        value = dy(*(env[iv.var] for iv in op.axis)) * _cast(_rebuild(partial, env, bounded), dy.dtype)
         if condition is not None:
-            inside.append(_rebuild(condition, env))
+            inside.append(_rebuild(condition, env, bounded))
         # if_then_else, not Select: Select evaluates both sides, and the simplifier drops the clamp
         # inside the masked side (the condition implies it), which then reads out of bounds
         return tirx.if_then_else(tirx.all(*inside), value, tirx.const(0, dy.dtype)) if inside else value
@@ -222,25 +258,26 @@ def _distinct_reads(e) -> list:
     return found
 
 
-def _rebuild(e, env: dict):
-    """e with its variables replaced as ``env`` says (TVM 0.27's Python has no substitute)."""
+def _rebuild(e, env: dict, read):
+    """e with its variables replaced as ``env`` says (TVM 0.27's Python has no substitute), each
+    tensor ``t`` read as ``read(t)``."""
     kind = type(e).__name__
     if kind == "Var":
         return env.get(e, e)
     if kind in ("IntImm", "FloatImm"):
         return e
     if kind in _BINARY:
-        return type(e)(_rebuild(e.a, env), _rebuild(e.b, env))
+        return type(e)(_rebuild(e.a, env, read), _rebuild(e.b, env, read))
     if kind == "Cast":
-        return tirx.Cast(str(e.ty), _rebuild(e.value, env))
+        return tirx.Cast(str(e.ty), _rebuild(e.value, env, read))
     if kind == "Not":
-        return tirx.Not(_rebuild(e.a, env))
+        return tirx.Not(_rebuild(e.a, env, read))
     if kind == "Select":
-        return tirx.Select(*(_rebuild(v, env) for v in _children(e)))
+        return tirx.Select(*(_rebuild(v, env, read) for v in _children(e)))
     if kind == "Call":
         if _is_load(e):
-            return e.args[0](*(_rebuild(i, env) for i in e.args[1:]))
-        return Call(e.op, [_rebuild(a, env) for a in e.args], ret_ty=e.ty)
+            return read(e.args[0])(*(_rebuild(i, env, read) for i in e.args[1:]))
+        return Call(e.op, [_rebuild(a, env, read) for a in e.args], ret_ty=e.ty)
     raise NotImplementedError(f"backward: cannot rebuild {kind} ({e})")
 
 
