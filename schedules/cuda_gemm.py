@@ -9,6 +9,7 @@ GEMMs.
 from __future__ import annotations
 
 from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import ScheduleError
 
 from .cuda_ffma import gemm_tiled, hoisted_tile, step_tile
 from .cuda_tensorcore import BYTES, TensorCoreTile, fetches_its_operand, gemm_tensorcore, tensor_cores_available
@@ -191,7 +192,21 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
             tile = step_tensor_core_tile(knobs, rows, cols, target)
         else:
             tile = hoisted_tensor_core_tile(knobs).for_rows(rows)
-        if fetches_its_operand(sch, block, tile, program.dtype):
+        if fetches_its_operand(sch, block, tile, program.dtype) and _schedules(gemm_tensorcore, sch, block, tile,
+                                                                                program.dtype):
             gemm_tensorcore(sch, block, tile, program.dtype)
             return
     gemm_tiled(sch, block, step_tile(knobs, program.batch) if step else hoisted_tile(knobs), views)
+
+
+def _schedules(schedule, sch: Schedule, block, *args) -> bool:
+    """Whether ``schedule(sch, block, *args)`` succeeds, tried on a schedule of ``sch``'s module as it
+    stands (``Schedule.copy`` failed inside TVM on some states): WMMA's padding of a GEMM can leave
+    its scope no stage pipeline, and the shared fetch's ``compute_at`` then fails (the reversed loop
+    of a cell with a layer norm and clamps, fp16, B=16, H=32), where FFMA serves."""
+    trial = Schedule(sch.mod)
+    try:
+        schedule(trial, trial.get_sblock(sch.get(block).name_hint), *args)
+    except ScheduleError:
+        return False
+    return True
