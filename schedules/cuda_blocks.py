@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
-from tvm.tirx.analysis import undefined_vars
 
 from .cuda_tensorcore import WARP
-from .recipe import pow2_at_least
+from .recipe import pow2_at_least, reduces_columns, transposes
 
 
 def bind_flat(sch: Schedule, block, threads: int) -> None:
@@ -44,20 +43,6 @@ def bind_reduction(sch: Schedule, block, threads: int) -> None:
 
 
 COLUMN_SLICE = 64  # rows a thread sums in a column reduction's first kernel
-
-
-def reduces_columns(sch: Schedule, block) -> bool:
-    """Whether ``block`` sums down columns (a bias gradient over T x B rows, d_bias[j] = sum over r
-    of d[r, j]): one spatial and one reduce loop, some read strided along the reduced variable and
-    none along the spatial one, so that threads at consecutive columns read consecutive elements
-    or one (a row's own value: a layer norm's rstd[r] in its gain's gradient)."""
-    iters = sch.get(block).iter_vars
-    spatial = [iv.var for iv in iters if iv.iter_type == IterVar.DataPar]
-    reduced = [iv.var for iv in iters if iv.iter_type == IterVar.CommReduce]
-    if len(sch.get_loops(block)) != 2 or len(spatial) != 1 or len(reduced) != 1:
-        return False
-    reads = sch.get(block).reads
-    return any(_strided(r, reduced[0]) for r in reads) and not any(_strided(r, spatial[0]) for r in reads)
 
 
 def whole_slices(sch: Schedule, block, threads: int) -> bool:
@@ -97,39 +82,12 @@ def bind_column_reduction(sch: Schedule, block, threads: int) -> None:
     sch.bind(sch.split(piece, [None, threads // WARP])[1], "threadIdx.y")
 
 
-def _strided(read, var) -> bool:
-    """Whether ``read`` moves by whole rows as ``var`` does: ``var`` in an index but its last."""
-    indices = [r.min for r in read.region]
-    return bool(indices) and not _uses(indices[-1], var) and any(_uses(e, var) for e in indices[:-1])
-
-
-def _uses(expr, var) -> bool:
-    """Whether ``expr`` reads variable ``var``."""
-    return any(v.same_as(var) for v in undefined_vars(expr, []))
-
-
 TRANSPOSE_TILE = 32
 TRANSPOSE_ROWS = 8  # tile rows a round: 8 x 32 = 256 threads a block, 4 rounds a tile
 
 
-def _transposes(sch: Schedule, block) -> bool:
-    """Whether ``block`` writes as rows what it reads as columns: a 2-D write whose row variable is in
-    every read's last index and whose column's variables are in none (w_packed[k, n] = weights[n, k],
-    an if_then_else over stacked weights; dgemm0_transposed[n, r] = dgemm0_seq[r, n]; a cast of
-    one). Packed (N, K) (``PackedLayout.k_major``, or laid out so by the wgmma GEMM: wgmma.py) a
-    weight is a copy; a block that also reads along its rows (y[b, n] = a[b, n] * rstd[b], a weight
-    gradient's term flat[0, n * K + k]) transposes nothing."""
-    write, reads = sch.get(block).writes[0].region, sch.get(block).reads
-    if len(write) != 2:
-        return False
-    row, column = (r.min for r in write)
-    return all(r.region and _uses(r.region[-1].min, row)
-               and not any(_uses(r.region[-1].min, v) for v in undefined_vars(column, []))
-               for r in reads)
-
-
 def schedule_transpose(sch: Schedule, block) -> bool:
-    """A ``_transposes`` loop nest (a ``w_packed*`` block, w_packed[k, n] = stacked weights[n, k],
+    """A ``transposes`` loop nest (a ``w_packed*`` block, w_packed[k, n] = stacked weights[n, k],
     or the backward's transposed copies: outputs merged into one nest by merge_next_states each
     get a tile) as a tiled transpose, one 32 x 32 tile a thread block: its threads compute the
     tile, consecutive threads at consecutive k (consecutive elements of a source row: coalesced
@@ -150,7 +108,7 @@ def schedule_transpose(sch: Schedule, block) -> bool:
     layout, PackedLayout with ``tile``; CUDA does not use it) or a block of it does not transpose."""
     loops = sch.get_loops(block)
     nest = sch.get_child_blocks(loops[0]) if len(loops) == 2 else []
-    if not nest or not all(_transposes(sch, b) for b in nest):
+    if not nest or not all(transposes(sch, b) for b in nest):
         return False
     tiles = [sch.cache_write(b, 0, "shared") for b in nest]
     for b in nest:

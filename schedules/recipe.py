@@ -6,6 +6,7 @@ import itertools
 
 from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
+from tvm.tirx.analysis import undefined_vars
 
 from halstm.lowering import PackedLayout
 
@@ -108,6 +109,62 @@ def is_pure_copy(sch: Schedule, block) -> bool:
     while type(value).__name__ == "Cast":
         value = value.value
     return type(value).__name__ in ("BufferLoad", "TensorLoad")  # TVM 0.27 names the class TensorLoad
+
+
+def reduces_columns(sch: Schedule, block) -> bool:
+    """Whether ``block`` sums down columns (a bias gradient over T x B rows, d_bias[j] = sum over r
+    of d[r, j]): one spatial and one reduce loop, some read strided along the reduced variable and
+    none along the spatial one, so that threads at consecutive columns read consecutive elements
+    or one (a row's own value: a layer norm's rstd[r] in its gain's gradient)."""
+    iters = sch.get(block).iter_vars
+    spatial = [iv.var for iv in iters if iv.iter_type == IterVar.DataPar]
+    reduced = [iv.var for iv in iters if iv.iter_type == IterVar.CommReduce]
+    if len(sch.get_loops(block)) != 2 or len(spatial) != 1 or len(reduced) != 1:
+        return False
+    reads = sch.get(block).reads
+    return any(_strided(r, reduced[0]) for r in reads) and not any(_strided(r, spatial[0]) for r in reads)
+
+
+def _strided(read, var) -> bool:
+    """Whether ``read`` moves by whole rows as ``var`` does: ``var`` in an index but its last."""
+    indices = [r.min for r in read.region]
+    return bool(indices) and not _uses(indices[-1], var) and any(_uses(e, var) for e in indices[:-1])
+
+
+def _uses(expr, var) -> bool:
+    """Whether ``expr`` reads variable ``var``."""
+    return any(v.same_as(var) for v in undefined_vars(expr, []))
+
+
+def transposes(sch: Schedule, block) -> bool:
+    """Whether ``block`` writes as rows what it reads as columns: a 2-D write whose row variable is in
+    every read's last index and whose column's variables are in none (w_packed[k, n] = weights[n, k],
+    an if_then_else over stacked weights; dgemm0_transposed[n, r] = dgemm0_seq[r, n]; a cast of
+    one). Packed (N, K) (``PackedLayout.k_major``, or laid out so by the wgmma GEMM: wgmma.py) a
+    weight is a copy; a block that also reads along its rows (y[b, n] = a[b, n] * rstd[b], a weight
+    gradient's term flat[0, n * K + k]) transposes nothing."""
+    write, reads = sch.get(block).writes[0].region, sch.get(block).reads
+    if len(write) != 2:
+        return False
+    row, column = (r.min for r in write)
+    return all(r.region and _uses(r.region[-1].min, row)
+               and not any(_uses(r.region[-1].min, v) for v in undefined_vars(column, []))
+               for r in reads)
+
+
+TRANSCENDENTAL = ("tirx.sigmoid", "tirx.tanh", "tirx.exp", "tirx.log", "tirx.erf")
+
+
+def activations(sch: Schedule, scope) -> set[str]:
+    """The blocks of a scope that apply a transcendental function to one value (a gate's sigmoid,
+    tanh of the new cell state): where a differentiated step reads each in several adjoints, stored
+    once instead of computed again in each (``inline_elementwise``'s ``keep``)."""
+    names = set()
+    for block in sch.get_child_blocks(scope):
+        value = getattr(sch.get(block).body, "value", None)
+        if type(value).__name__ == "Call" and getattr(value.op, "name", None) in TRANSCENDENTAL:
+            names.add(sch.get(block).name_hint)
+    return names
 
 
 def inline_elementwise(sch: Schedule, scope, keep=()) -> None:

@@ -17,7 +17,8 @@ from tvm.tirx.analysis import undefined_vars
 
 import halstm
 from halstm.gradients import lower_backward_for
-from halstm.schedules.cuda_blocks import bind_column_reduction, reduces_columns, schedule_transpose
+from halstm.schedules.cuda_blocks import bind_column_reduction, schedule_transpose
+from halstm.schedules.recipe import reduces_columns
 from halstm.targets import CudaTarget
 
 H100 = CudaTarget("sm_90", sms=132)

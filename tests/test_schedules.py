@@ -54,6 +54,34 @@ def test_cpu_search_space_prunes_spilling_and_ragged_tiles():
     assert CpuStepLoop().defaults(program, TARGET) in space
 
 
+def test_cpu_recipe_schedules_the_backwards_sums_transposes_and_gemms_over_all_rows():
+    """The backward's functions over all T*B rows: the gates' activations stored once for the adjoints
+    that read them, bias gradients summed down strips of columns (the rows a serial loop, the strip
+    vectorised), dG transposed in tiles, and with AVX-512's registers 8-row register tiles for their
+    GEMMs (the weight gradients' and prepare's); the forward's step GEMM keeps the knob's 4 rows."""
+    from halstm.gradients import lower_backward_for
+
+    target = CpuTarget(mcpu="skylake-avx512", cores=2, lanes=16)
+    recipe, knobs, program, _ = lower_backward_for(halstm.LSTM(16, 32), 4, 8, "float32", target)
+    rows = recipe.apply(program.rows, target, **knobs)
+    stored = [b for b in rows.get_child_blocks(rows.get_sblock("step"))
+              if type(getattr(rows.get(b).body, "value", None)).__name__ == "Call"]
+    assert len(stored) == 5  # sigmoid of the gates i, f, o; tanh of g and of the new cell state
+    _, rows_loop, strip = rows.get_loops(rows.get_sblock("d_bias_ih_T_add_update"))
+    assert rows.get(rows_loop).extent == 32 and rows.get(strip).extent == 64  # T*B rows; 4 vectors
+    assert rows.get(strip).kind == tvm.tirx.ForKind.VECTORIZED
+    weights = recipe.apply(program.weights, target, **knobs)
+    tiles, *tile = weights.get_loops(weights.get_sblock("dgemm0_transposed"))
+    assert weights.get(tiles).kind == tvm.tirx.ForKind.PARALLEL
+    assert [weights.get(loop).extent for loop in tile] == [32, 32]
+    prepare = recipe.apply(program.prepare, target, **knobs)
+    for sch, gemm in ((weights, "grad_w_gemm0_update"), (prepare, "gemm0_update")):
+        assert [sch.get(loop).extent for loop in sch.get_loops(sch.get_sblock(gemm))][-2:] == [8, 32]
+    forward = halstm.lower(halstm.LSTM(16, 32), 4, 8, layout=program.prepare.layout)
+    step = recipe.apply(forward, target, **knobs)
+    assert [step.get(loop).extent for loop in step.get_loops(step.get_sblock("gemm0_update"))][-2:] == [4, 32]
+
+
 def test_gpu_recipe_preference_follows_the_measured_sizes():
     """Persistent kernel first up to B=64, fp32 and fp16, and above where it streams the step's operand
     on tensor cores (fp16 B=256, H=1024; not ResetBeforeGRU, whose r * h cannot stream) and the step
