@@ -103,7 +103,9 @@ def test_the_backward_programs_plans_print():
     assert "stage 1: gemm0 = concat @ [gemm0_t]^T  (N=8, K=16)" in reversed_loop
     assert "stage 2: gemm1 = d_T_add @ [weight_hn_t]^T  (N=8, K=8)" in reversed_loop
     rows = str(backward.rows.plan)
-    assert "stage 3: grad_a_gemm1 = dgemm1 @ [weight_hn] -> d T_multiply" in rows
+    # the forward's later stage recomputed, its first stage and hoisted GEMMs read from prepare's output
+    assert "stage 1: gemm1 = T_multiply @ [weight_hn]^T" in rows and "gemm0 =" not in rows and "x_proj0 =" not in rows
+    assert "stage 2: grad_a_gemm1 = dgemm1 @ [weight_hn] -> d T_multiply" in rows
     assert "grad_a_gemm0" not in rows  # h's share is the reversed loop's
     assert "stage 1: grad_w_gemm1 = dgemm1^T @ T_multiply -> d [weight_hn]" in str(backward.weights.plan)
     assert reversed_loop.replace("\n", "\n  ") in str(backward.plan)
