@@ -28,11 +28,11 @@ from .compiler import BUILD_LOCK, compile as compile_cell
 from .gradients import compile_backward
 from .lowering import cell_hash
 
-# The op's key names a cell definition (its lowered expressions' hash, and "-tf32" with allow_tf32), so
+# The op's key names a cell definition (its lowered expressions' hash, and _TF32_SUFFIX with allow_tf32), so
 # that layers and modules with the same cell share compiled functions, and a key never refers to another
 # cell.
 _CELLS: dict[str, object] = {}  # key -> a cell with that definition
-_TF32: set[str] = set()  # the keys whose float32 GEMMs may run as TF32 (``allow_tf32``)
+_TF32_SUFFIX = "-tf32"  # a key's float32 GEMMs may run as TF32 (``allow_tf32``)
 _COMPILED: dict[tuple, object] = {}  # (compiler, key, T, B, dtype, device) -> compiled function
 
 
@@ -48,7 +48,7 @@ def _compiled(compiler, key: str, x: torch.Tensor):
             if f is None:
                 dtype = str(x.dtype).replace("torch.", "")
                 f = _COMPILED[cache] = compiler(_CELLS[key], T, B, dtype, _target(x.device),
-                                                allow_tf32=key in _TF32)
+                                                allow_tf32=key.endswith(_TF32_SUFFIX))
     return f
 
 
@@ -179,10 +179,8 @@ class RNN(torch.nn.Module):
                 cell = cell_type(size, hidden_size)
                 dropped = () if bias else cell.bias_parameters()
                 suffix = f"_l{layer}" + ("_reverse" if direction else "")
-                key = f"{cell.name}-{cell_hash(cell)}" + ("-tf32" if allow_tf32 else "")
+                key = f"{cell.name}-{cell_hash(cell)}" + (_TF32_SUFFIX if allow_tf32 else "")
                 _CELLS.setdefault(key, cell)
-                if allow_tf32:
-                    _TF32.add(key)
                 names = tuple((name + suffix, shape) for name, shape in cell.parameters().items())
                 self._layers.append((key, cell, names))
                 for name, shape in cell.parameters().items():
