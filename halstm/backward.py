@@ -581,10 +581,8 @@ def _pack(value, depth: int, cols: int, layout: PackedLayout, name: str) -> te.T
     """value(k, n), k < depth and n < cols, as a GEMM's right operand in ``layout`` (zero-padded)."""
 
     def at(*i):
-        if layout.tile is None:
-            return value(*reversed(i)) if layout.k_major else value(*i)  # (N, K) or (K, N)
-        k, n = i[1], i[0] * layout.tile + i[2]
-        if cols % layout.tile == 0:
+        k, n = layout.unpack(*i)
+        if layout.tile is None or cols % layout.tile == 0:
             return value(k, n)
         v = value(k, tvm.tirx.min(n, cols - 1))
         return tvm.tirx.if_then_else(n < cols, v, tvm.tirx.const(0, str(v.ty)))

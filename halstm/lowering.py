@@ -117,6 +117,12 @@ class PackedLayout:
             return packed[n // self.tile, k, n % self.tile]
         return packed[n, k] if self.k_major else packed[k, n]
 
+    def unpack(self, *i) -> tuple:
+        """(k, n) of the element at index ``i`` of a packed buffer: ``load``'s inverse."""
+        if self.tile is not None:
+            return i[1], i[0] * self.tile + i[2]
+        return (i[1], i[0]) if self.k_major else i
+
     def grouped(self, rows: int) -> bool:
         """Whether a GEMM of ``rows`` columns is stored grouped by units."""
         return bool(self.units) and rows % self.width == 0 and self.width % self.units == 0
@@ -193,12 +199,7 @@ def _packed(gemm: Gemm, params: Params, layout: PackedLayout, name: str) -> te.T
         w = stacked(gemm, params, layout.logical(p, gemm.rows), k % gemm.depth)
         return te.if_then_else(k // gemm.depth == 1, tf32_small(w), tf32_big(w))
 
-    def at(*i):
-        if layout.tile is not None:
-            return value(i[1], i[0] * layout.tile + i[2])
-        return value(i[1], i[0]) if layout.k_major else value(*i)
-
-    return te.compute(layout.shape(gemm.depth, gemm.rows), at, name=name)
+    return te.compute(layout.shape(gemm.depth, gemm.rows), lambda *i: value(*layout.unpack(*i)), name=name)
 
 
 def _gemm(operand: te.Tensor, packed: te.Tensor, layout: PackedLayout, rows: int, name: str) -> te.Tensor:
