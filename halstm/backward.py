@@ -216,9 +216,9 @@ def lower_backward(
     the reversed loop's operand GEMM one a first-stage GEMM, else one a gate (``AdjointCell``);
     ``exact_weights``: the weight gradients' GEMMs on float32 operands (``_between``);
     ``allow_tf32``: float32 GEMMs may run on tensor cores as TF32 (``halstm.compile``'s)."""
-    tf32 = allow_tf32 and dtype == "float32" and layout is not None and layout.k_major
-    backward = BackwardPlan(plan or make_plan(cell), gathered, exact_weights, tf32)
-    layout = PackedLayout(tile=layout.tile, k_major=layout.k_major and allow_tf32) if layout else PackedLayout()
+    k_major = bool(layout and layout.k_major and allow_tf32)
+    backward = BackwardPlan(plan or make_plan(cell), gathered, exact_weights, k_major and dtype == "float32")
+    layout = PackedLayout(tile=layout.tile, k_major=k_major) if layout else PackedLayout()
     prepare = _prepare(backward, steps, batch, dtype, layout)
     rows, kept = _rows(backward, steps, batch, dtype, layout)
     weights = _weights(backward, steps, batch, dtype, layout, kept)
@@ -423,7 +423,7 @@ def _rows_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLay
 
     outputs = [_stored_operand(plan, dtype, _or_zeros(d, r), f"d{g.name}_t")
                for g, r, d in zip(forward.gemms, results, d_results)]
-    outputs += [_stored_operand(plan, dtype, step.operands[g.name], f"a_{g.name}_t") for g in plan.recurrent]
+    outputs += [_storage(step.operands[g.name], _between(plan, dtype), f"a_{g.name}_t") for g in plan.recurrent]
     outputs += [_flat(d_params[p], f"d{p}_t") for p in kept]
     outputs += [_storage(_or_zeros(d, x), ACCUMULATE, "dx_t") for x, d in zip(x_t, d_x_t)]
     inputs = [*step.inputs, adjoint_x, *transposed.values(), *adjoint_seqs]
@@ -433,7 +433,8 @@ def _rows_step(plan: BackwardPlan, T: int, B: int, dtype: str, layout: PackedLay
 # --- weights: all T*B rows at once ---------------------------------------------------------------
 
 def _operand(plan: BackwardPlan, dtype: str, value):
-    """A value of the weight gradients' GEMM operands as stored (``_between``); with ``plan.tf32``
+    """A value of the weight gradients' GEMM operands as stored (``_between``: each dG as rows writes
+    it, each operand as the weights function packs it); with ``plan.tf32``
     (TF32 on wgmma, the operands packed (N, K)) rounded to TF32, to nearest: wgmma reads float32
     truncated, and over a weight gradient's T*B rows truncation's bias added up (LSTM
     (20,16,256), H100: d weight_hh 1.1e-3 from float64, 6.0e-4 on WMMA, which rounds)."""
@@ -595,6 +596,6 @@ def _transposed(g: Gemm, params, layout: PackedLayout, name: str, tf32: bool = F
     rounded to TF32, as ``_operand``)."""
     def value(n, k):
         w = stacked(g, params, n, k)
-        return tf32_big(w.astype(ACCUMULATE)).astype(str(w.ty)) if tf32 else w
+        return tf32_big(w) if tf32 else w  # float32: plan.tf32's
 
     return _pack(value, g.rows, g.depth, layout, name)
