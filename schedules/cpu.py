@@ -23,7 +23,7 @@ from tvm.s_tir import Schedule
 from halstm.lowering import PackedLayout
 
 from .recipe import (Recipe, activations, child_blocks, inline_elementwise, is_reduction, merge_next_states,
-                     reduces_columns, transposes)
+                     reduces_columns, transposing_nest)
 
 
 class CpuStepLoop(Recipe):
@@ -149,11 +149,9 @@ def tiled_transpose(sch: Schedule, block) -> bool:
     written a row at a time (LSTM (100,16,512), 2-core CPU, the weights function timed alone: 86 ms
     against 140 untiled, which read each source column down all T*B rows). Returns False, leaving the
     block alone, where the nest has other than two loops or a block of it does not transpose."""
-    loops = sch.get_loops(block)
-    nest = sch.get_child_blocks(loops[0]) if len(loops) == 2 else []
-    if not nest or not all(transposes(sch, b) for b in nest):
+    if not transposing_nest(sch, block):
         return False
-    rows, columns = loops
+    rows, columns = sch.get_loops(block)
     row_tile, row = sch.split(rows, [None, TRANSPOSE_TILE])
     column_tile, column = sch.split(columns, [None, TRANSPOSE_TILE])
     sch.reorder(row_tile, column_tile, row, column)

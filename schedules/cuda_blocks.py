@@ -10,7 +10,7 @@ from tvm.s_tir import Schedule
 from tvm.tirx import IterVar
 
 from .cuda_tensorcore import WARP
-from .recipe import pow2_at_least, reduces_columns, transposes
+from .recipe import pow2_at_least, transposing_nest
 
 
 def bind_flat(sch: Schedule, block, threads: int) -> None:
@@ -106,10 +106,10 @@ def schedule_transpose(sch: Schedule, block) -> bool:
 
     Returns False, leaving the block alone, where the nest has other than two loops (a blocked
     layout, PackedLayout with ``tile``; CUDA does not use it) or a block of it does not transpose."""
-    loops = sch.get_loops(block)
-    nest = sch.get_child_blocks(loops[0]) if len(loops) == 2 else []
-    if not nest or not all(transposes(sch, b) for b in nest):
+    nest = transposing_nest(sch, block)
+    if not nest:
         return False
+    loops = sch.get_loops(block)
     tiles = [sch.cache_write(b, 0, "shared") for b in nest]
     for b in nest:
         sch.storage_align(b, 0, axis=0, factor=TRANSPOSE_TILE, offset=1)

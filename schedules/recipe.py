@@ -152,6 +152,14 @@ def transposes(sch: Schedule, block) -> bool:
                for r in reads)
 
 
+def transposing_nest(sch: Schedule, block) -> list:
+    """The blocks of ``block``'s two-loop nest where each ``transposes`` (outputs merged into one
+    nest by merge_next_states), else none (another nest, a blocked layout's three loops)."""
+    loops = sch.get_loops(block)
+    nest = sch.get_child_blocks(loops[0]) if len(loops) == 2 else []
+    return nest if nest and all(transposes(sch, b) for b in nest) else []
+
+
 TRANSCENDENTAL = ("tirx.sigmoid", "tirx.tanh", "tirx.exp", "tirx.log", "tirx.erf")
 
 
