@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import te
 
-from .ops import tracing
+from .ops import same_extent, tracing
 
 # Tracing a cell (``ops.tracing``'s tracer stack, TVM's te tag scope), the recipes' per-program
 # caches and building go through process-wide state: ``trace`` holds this lock, and so do
@@ -129,9 +129,10 @@ def trace(cell: Cell, x, states, params, tracer=None) -> Trace:
         raise ValueError(
             f"{cell.name}.step returned {len(out)} tensors, expected one per state {cell.states}"
         )
-    batch = int(x.shape[0])
+    batch = x.shape[0]
     for name, t in zip(cell.states, out):
-        if not isinstance(t, te.Tensor) or tuple(int(d) for d in t.shape) != (batch, cell.hidden_size):
+        if not isinstance(t, te.Tensor) or len(t.shape) != 2 or not same_extent(t.shape[0], batch) \
+                or not same_extent(t.shape[1], cell.hidden_size):
             got = tuple(t.shape) if isinstance(t, te.Tensor) else type(t).__name__
             raise ValueError(
                 f"{cell.name}.step: next state '{name}' must be a tensor of shape "

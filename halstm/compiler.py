@@ -32,7 +32,7 @@ def serialised(function):
 @serialised
 def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     cell: Cell,
-    steps: int,
+    steps: int | None,
     batch: int,
     dtype: str = "float32",
     target="cpu",
@@ -41,7 +41,8 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     database=None,
     allow_tf32: bool = False,
 ) -> CompiledCell:
-    """Compile ``cell`` for sequences of ``steps`` steps and ``batch`` rows.
+    """Compile ``cell`` for sequences of ``steps`` steps and ``batch`` rows; ``steps=None``: for
+    sequences of any length, T read off each call's x (choices made for ``lowering.NOMINAL_STEPS``).
 
     ``target`` is "cpu", "cuda" or a ``halstm.targets`` object; ``recipe`` a ``halstm.schedules.Recipe``
     or the name of a built-in or registered one (``halstm.schedules.register``), refused where it
@@ -61,7 +62,8 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)
     plan = make_plan(cell)
-    program = lower(cell, int(steps), int(batch), dtype, plan, allow_tf32=allow_tf32)
+    steps = None if steps is None else int(steps)
+    program = lower(cell, steps, int(batch), dtype, plan, allow_tf32=allow_tf32)
     record = None
     if recipe is not None:
         recipe = schedules.named(recipe) if isinstance(recipe, str) else recipe
@@ -83,7 +85,7 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
                          f"past the target's limits (threads, registers, shared memory, co-residency)")
     layout = recipe.layout(program, target, knobs)
     if layout != program.layout:
-        program = lower(cell, int(steps), int(batch), dtype, plan, layout, allow_tf32)
+        program = lower(cell, steps, int(batch), dtype, plan, layout, allow_tf32)
     from . import cache
 
     def build():
@@ -100,8 +102,11 @@ def check_problem(cell: Cell, steps, batch, dtype) -> None:
     """Reject a cell, shape or dtype that cannot be compiled, naming what is wrong."""
     check_cell(cell)
     for name, value in (("steps", steps), ("batch", batch)):
-        if not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if name == "steps" and value is None:
+            continue  # any sequence length
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer{' or None (any)' * (name == 'steps')}, "
+                             f"got {value!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
 
@@ -119,7 +124,7 @@ def _tuned(program: Program, target, database) -> Record | None:
         warnings.warn(f"{db.path}: the tuning database cannot be read ({e.strerror or e}); using the defaults",
                       stacklevel=4)
         return None
-    key = tuning_key(program.cell, program.steps, program.batch, program.dtype, target, program.allow_tf32)
+    key = tuning_key(program.cell, program.nominal_steps, program.batch, program.dtype, target, program.allow_tf32)
     recipes = schedules.known()
     record = best(records, key, set(recipes)) or nearest_steps(records, key, set(recipes))
     if record is None:
@@ -150,11 +155,12 @@ class CompiledCell(SequenceFunction):
 
     def __repr__(self):
         p = self.program
-        return (f"<compiled {p.cell!r} T={p.steps} B={p.batch} {p.dtype}{' (TF32)' * p.allow_tf32} on {self.target.key} "
+        return (f"<compiled {p.cell!r} T={p.steps or 'any'} B={p.batch} {p.dtype}{' (TF32)' * p.allow_tf32} on {self.target.key} "
                 f"with {self.recipe.name} {self.knobs}>")
 
 
 def signature(program: Program) -> Signature:
     cell = program.cell
     return Signature(cell.name, tuple(cell.states), cell.output, cell.input_size, cell.hidden_size,
-                     program.steps, program.batch, program.dtype, tuple(program.args))
+                     program.steps, program.batch, program.dtype, tuple(program.args),
+                     None if program.steps else program.longest)

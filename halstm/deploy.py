@@ -35,9 +35,9 @@ from pathlib import Path
 import tvm
 import tvm_ffi
 
-from .runtime import SequenceFunction, Signature
+from .runtime import STEPS, SequenceFunction, Signature
 
-FORMAT = 2
+FORMAT = 3
 
 # The instruction-set extensions compiled code may use, by LLVM's name (what the sidecar records),
 # with Linux's name for each in /proc/cpuinfo (x86 "flags", AArch64 "Features").
@@ -61,8 +61,9 @@ _TARGETS = {"cpu": _TARGET, "cuda": {**_TARGET, "arch": str, "isa": str}}
 _SCHEMA = {
     "format": int, "size": int, "sha256": str, "cell": str, "cell_hash": str, "halstm": str, "tvm": str,
     "signature": {"cell": str, "states": [str], "output": str, "input_size": int, "hidden_size": int,
-                  "steps": int, "batch": int, "dtype": str,
-                  "args": [{"name": str, "shape": [int], "dtype": str, "role": str}]},
+                  "steps": (int, type(None)), "batch": int, "dtype": str, "longest": (int, type(None)),
+                  "args": [{"name": str, "shape": [int], "dtype": str, "role": str,
+                            "extra_steps": (int, type(None))}]},
     "target": dict, "recipe": str, "knobs": dict, "allow_tf32": bool,
 }
 
@@ -80,7 +81,7 @@ class LoadedCell(SequenceFunction):
 
     def __repr__(self):
         s = self.signature
-        return f"<loaded {s.cell} T={s.steps} B={s.batch} {s.dtype} for {self.meta['target']['key']}>"
+        return f"<loaded {s.cell} T={s.steps or 'any'} B={s.batch} {s.dtype} for {self.meta['target']['key']}>"
 
 
 def sidecar(path) -> Path:
@@ -179,7 +180,8 @@ def _conform(value, schema, field: str, where: Path) -> None:
         for i, item in enumerate(value):
             _conform(item, schema[0], f"{field}[{i}]", where)
     elif not isinstance(value, schema) or (isinstance(value, bool) and schema is not bool):
-        raise ModuleRefused(f"{where}: {field}: expected {schema.__name__}, found {value!r}")
+        names = " or ".join(t.__name__ for t in (schema if isinstance(schema, tuple) else (schema,)))
+        raise ModuleRefused(f"{where}: {field}: expected {names}, found {value!r}")
 
 
 def load(path, *, cell=None, steps: int | None = None, batch: int | None = None,
@@ -223,10 +225,21 @@ def _check_signature(where: Path, signature: Signature) -> None:
     expected = {"x": ["x"], "state": [s + "0" for s in signature.states],
                 "param": [a.name for a in signature.args if a.role == "param"],
                 "output": [s + "_seq" for s in signature.states]}
+    if signature.steps is None:
+        expected["steps"] = [STEPS]
     found = {role: [a.name for a in signature.args if a.role == role]
              for role in expected.keys() | {a.role for a in signature.args}}
     if found != expected:
         raise ModuleRefused(f"{where}: signature.args by role: expected {expected}, found {found}")
+    any_steps = signature.steps is None
+    if any_steps != (signature.longest is not None) or (any_steps and signature.longest < 1):
+        raise ModuleRefused(f"{where}: signature.longest: expected a positive int where steps is null (any T), "
+                            f"null otherwise; found steps {signature.steps!r}, longest {signature.longest!r}")
+    sequences = {"x": 0, **{s + "_seq": 1 for s in signature.states}} if any_steps else {}
+    for a in signature.args:
+        if a.extra_steps != sequences.get(a.name):
+            raise ModuleRefused(f"{where}: signature.args {a.name}: extra_steps: expected "
+                                f"{sequences.get(a.name)!r}, found {a.extra_steps!r}")
 
 
 def _check_file(path: Path, meta: dict) -> None:

@@ -17,6 +17,9 @@ views and stay ordinary spatial/reduction blocks that every schedule primitive a
 All buffers are 2-D: x is (T*B, I), the sequence of each state s is ``s_seq`` ((T+1)*B, H) with the
 initial state in rows 0..B-1 and the state after step t in rows (t+1)*B.., so that the next step reads
 what the last one wrote without copies.
+
+With ``steps=None`` T is the function's symbolic variable ``STEPS`` (``n_steps``): one function serves
+every sequence length, its buffers' rows and its time loop following the x it is given.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ from tvm import te
 from .cell import Cell, Params, Trace, placeholders, trace
 from .ops import plain_matmul
 from .plan import Gemm, Plan, make_plan
-from .runtime import Arg
+from .runtime import STEPS, Arg
 
 ACCUMULATE = "float32"
+NOMINAL_STEPS = 100  # the sequence length a function for any T makes its choices for (tiles, tuning records)
 
 
 @dataclass
@@ -45,7 +49,7 @@ class Program:
 
     cell: Cell
     plan: Plan
-    steps: int
+    steps: int | None  # None: any sequence length (the function's variable ``STEPS``)
     batch: int
     dtype: str
     layout: PackedLayout
@@ -63,6 +67,17 @@ class Program:
     @property
     def mod(self) -> tvm.IRModule:
         return tvm.IRModule({"main": self.func})
+
+    @property
+    def longest(self) -> int:
+        """The longest sequence the function takes: its T, or ``max_steps`` where it serves any."""
+        return self.steps or max_steps(self.plan, self.batch, self.layout)
+
+    @property
+    def nominal_steps(self) -> int:
+        """The sequence length the function's choices are made for: its T, or ``NOMINAL_STEPS``
+        where it serves any."""
+        return self.steps or NOMINAL_STEPS
 
 
 def _math_view(t: te.Tensor) -> te.Tensor:
@@ -291,14 +306,22 @@ def trace_hoisted(plan: Plan, x, states, params, layout: PackedLayout) -> Hoiste
     return Hoisted(gemms, operands, packed)
 
 
-def _prologue(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayout,
+def _padded(x: te.Tensor, rows) -> te.Tensor:
+    """x with ``rows`` rows, zeros past its own (``x_padded``)."""
+    return te.compute((rows, x.shape[1]), lambda r, k: te.if_then_else(r < x.shape[0], x[r, k], te.const(0, x.dtype)),
+                      name="x_padded")
+
+
+def _prologue(plan: Plan, steps: int | None, batch: int, dtype: str, layout: PackedLayout,
               hoisted_only: bool) -> tvm.tirx.PrimFunc | None:
     """Hoisted GEMMs over all T*B rows; unless ``hoisted_only``, packed recurrent weights and initial
     states into the sequences."""
     cell = plan.cell
-    x, states, params = placeholders(cell, steps * batch, dtype)
+    x, _, params = placeholders(cell, steps_var(steps) * batch, dtype)
+    rows = hoisted_rows(steps, batch)[0]
+    states = [te.placeholder((rows, cell.hidden_size), dtype, name=s) for s in cell.states]
     inits = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}0") for s in cell.states]
-    hoisted = trace_hoisted(plan, x, states, params, layout)
+    hoisted = trace_hoisted(plan, x if steps is not None else _padded(x, rows), states, params, layout)
     outputs = [hoisted.gemms[g.name] for g in plan.hoisted]
     if not hoisted_only:
         outputs += [hoisted.packed[g.name] for g in plan.gemms if g.stage > 0]
@@ -385,6 +408,37 @@ def _operand(a: te.Tensor, gemm: Gemm, layout: PackedLayout) -> te.Tensor:
     return tf32_split(a, name) if layout.tf32x3 else te.compute(a.shape, lambda b, k: a[b, k], name=name)
 
 
+_ANY_STEPS = tvm.tirx.Var(STEPS, "int32")
+
+
+def steps_var(steps: int | None):
+    """T as lowering writes it into expressions: ``steps``, or the symbolic ``STEPS`` (one variable,
+    which every expression of a function shares)."""
+    return _ANY_STEPS if steps is None else steps
+
+
+ROW_QUANTUM = 128  # a function for any T pads its hoisted GEMMs' T*B rows to a multiple of this
+
+
+def hoisted_rows(steps: int | None, batch: int):
+    """The rows of the hoisted GEMMs' results: T*B, or where T is any, T*B padded to a multiple of
+    ``ROW_QUANTUM`` (x read as zeros past its rows): a GEMM tile of up to that many rows then divides
+    them, where T*B rows would leave every tile's rows predicated. The expression, and its TVMScript."""
+    if steps is not None:
+        return steps * batch, str(steps * batch)
+    q = ROW_QUANTUM
+    expr = tvm.tirx.floordiv(steps_var(None) * batch + (q - 1), q) * q
+    return expr, f"({STEPS} * {batch} + {q - 1}) // {q} * {q}"
+
+
+def sequence_rows(steps: int | None, batch: int, ahead: int = 0):
+    """The rows of a sequence buffer over ``steps`` (+ ``ahead``) steps of ``batch`` rows: a number,
+    or TVMScript's text of it in ``STEPS`` where T is any."""
+    if steps is not None:
+        return (steps + ahead) * batch
+    return f"({STEPS} + {ahead}) * {batch}" if ahead else f"{STEPS} * {batch}"
+
+
 def _view(name: str, buffer: str, row: str, rows: int, cols: int, dtype: str) -> str:
     return (f'{name} = T.match_buffer({buffer}[{row}:{row} + {rows}, 0:{cols}], ({rows}, {cols}), '
             f'"{dtype}", offset_factor=1)')
@@ -419,7 +473,7 @@ class Skeleton:
 
     def source(self, loop: str, extra_allocs: list[str] = ()) -> str:
         """The function's TVMScript with ``loop`` (written at indentation 4) after the prologue."""
-        signature = ", ".join(f'{a.name}: T.Buffer({a.shape}, "{a.dtype}")' for a in self.args)
+        signature = ", ".join(_parameter(a) for a in self.args)
         return f"""
 @T.prim_func(s_tir=True)
 def main({signature}):
@@ -431,20 +485,30 @@ def main({signature}):
 """
 
 
+def _parameter(arg: Arg) -> str:
+    """An argument as the signature declares it (rows in ``STEPS`` where T is any)."""
+    if arg.role == "steps":
+        return f"{arg.name}: T.{arg.dtype}"
+    shape = arg.shape if arg.extra_steps is None else (sequence_rows(None, *arg.shape[:1], arg.extra_steps),
+                                                        *arg.shape[1:])
+    return f'{arg.name}: T.Buffer({shape}, "{arg.dtype}")'
+
+
 def indent(lines, n: int) -> str:
     return textwrap.indent("\n".join(map(str, lines)), " " * n)
 
 
-def skeleton(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayout,
+def skeleton(plan: Plan, steps: int | None, batch: int, dtype: str, layout: PackedLayout,
              hoisted_only: bool = False) -> Skeleton:
     """``hoisted_only``: the prologue computes the hoisted GEMMs alone; the time loop reads the step's
     weights where they are and copies the initial states itself (the persistent kernel)."""
     cell, T, B, H = plan.cell, steps, batch, plan.cell.hidden_size
-    args = [Arg("x", (T * B, cell.input_size), dtype, "x")]
+    args = [Arg(STEPS, (), "int32", "steps")] if T is None else []  # T, which the buffers' rows follow
+    args += [Arg.sequence("x", T, B, 0, cell.input_size, dtype, "x")]
     args += [Arg(f"{s}0", (B, H), dtype, "state") for s in cell.states]
     args += [Arg(n, tuple(shape), dtype, "param") for n, shape in cell.parameters().items()]
-    args += [Arg(f"{s}_seq", ((T + 1) * B, H), dtype, "output") for s in cell.states]
-    allocs = [f'{g.name} = T.alloc_buffer(({T * B}, {g.rows}), "{ACCUMULATE}")' for g in plan.hoisted]
+    args += [Arg.sequence(f"{s}_seq", T, B, 1, H, dtype, "output") for s in cell.states]
+    allocs = [f'{g.name} = T.alloc_buffer(({hoisted_rows(T, B)[1]}, {g.rows}), "{ACCUMULATE}")' for g in plan.hoisted]
     allocs += [
         f'w_packed{i} = T.alloc_buffer({layout.of(g).shape(g.depth, g.rows)}, "{dtype}")'
         for i, g in enumerate(plan.gemms)
@@ -464,45 +528,61 @@ def skeleton(plan: Plan, steps: int, batch: int, dtype: str, layout: PackedLayou
 INT32_ELEMENTS = 2**31 - 1
 
 
+def _sized_buffers(plan: Plan, layout: PackedLayout) -> tuple[dict, dict]:
+    """The buffers whose sizes int32 indexing bounds: those of fixed shape (what, shape), and those
+    that grow with T (what, steps ahead of T, columns), by name."""
+    cell = plan.cell
+    per_step = {"x": ("the input", 0, cell.input_size)}
+    per_step |= {f"{s}_seq": ("a state sequence", 1, cell.hidden_size) for s in cell.states}
+    fixed = {n: ("a parameter", tuple(shape)) for n, shape in cell.parameters().items()}
+    for g in plan.hoisted:
+        per_step[g.name] = ("a hoisted GEMM's result", 0, g.rows)
+        if layout.of(g).tf32x3:
+            per_step[f"{g.name}_operand"] = ("a hoisted GEMM's operand split for TF32", 0, 3 * g.depth)
+    for i, g in enumerate(plan.gemms):
+        fixed[f"w_packed{i}"] = ("packed weights", layout.of(g).shape(g.depth, g.rows))
+    return fixed, per_step
+
+
 def check_sizes(plan: Plan, steps: int, batch: int, layout: PackedLayout = PackedLayout()) -> None:
     """Refuse a problem one of whose buffers holds more than 2^31 - 1 elements, naming it: the
     function indexes its buffers with int32, and TVM failed deep inside the build ("Literal value
     2147549184 exceeds range of int32")."""
-    cell, rows = plan.cell, steps * batch
-    per_step = {"x": ("the input", (rows, cell.input_size))}  # the buffers that grow with T*B
-    per_step |= {f"{s}_seq": ("a state sequence", (rows + batch, cell.hidden_size)) for s in cell.states}
-    fixed = {n: ("a parameter", tuple(shape)) for n, shape in cell.parameters().items()}
-    for g in plan.hoisted:
-        per_step[g.name] = ("a hoisted GEMM's result", (rows, g.rows))
-        if layout.of(g).tf32x3:
-            per_step[f"{g.name}_operand"] = ("a hoisted GEMM's operand split for TF32", (rows, 3 * g.depth))
-    for i, g in enumerate(plan.gemms):
-        fixed[f"w_packed{i}"] = ("packed weights", layout.of(g).shape(g.depth, g.rows))
-    for buffers, advice in ((fixed, "a smaller cell"), (per_step, "shorter calls, each starting from the "
-                                                                  "last one's final states, or a smaller batch")):
+    fixed, per_step = _sized_buffers(plan, layout)
+    grown = {n: (what, ((steps + ahead) * batch, cols)) for n, (what, ahead, cols) in per_step.items()}
+    for buffers, advice in ((fixed, "a smaller cell"), (grown, "shorter calls, each starting from the "
+                                                               "last one's final states, or a smaller batch")):
         for name, (what, shape) in buffers.items():
             count = math.prod(shape)
             if count > INT32_ELEMENTS:
                 raise ValueError(
-                    f"{cell!r} at T={steps}, B={batch}: '{name}' ({what}, shape {shape}) would hold {count} "
+                    f"{plan.cell!r} at T={steps}, B={batch}: '{name}' ({what}, shape {shape}) would hold {count} "
                     f"elements, past the {INT32_ELEMENTS} (2^31 - 1) that int32 indexing reaches: use {advice}"
                 )
 
 
+def max_steps(plan: Plan, batch: int, layout: PackedLayout = PackedLayout()) -> int:
+    """The longest sequence ``check_sizes`` accepts, less the steps that the hoisted GEMMs' padding
+    (``hoisted_rows``) may add: a function for any T refuses calls past it."""
+    _, per_step = _sized_buffers(plan, layout)
+    padding = -(-ROW_QUANTUM // batch)
+    return min(INT32_ELEMENTS // (batch * cols) - ahead - padding for _, ahead, cols in per_step.values())
+
+
 def lower(
     cell: Cell,
-    steps: int,
+    steps: int | None,
     batch: int,
     dtype: str = "float32",
     plan: Plan | None = None,
     layout: PackedLayout = PackedLayout(),
     allow_tf32: bool = False,
 ) -> Program:
-    """The whole sequence as one PrimFunc ``main`` (unscheduled)."""
+    """The whole sequence as one PrimFunc ``main`` (unscheduled); ``steps=None``: for any T."""
     plan = plan or make_plan(cell)
-    check_sizes(plan, steps, batch, layout)
+    check_sizes(plan, steps or 1, batch, layout)
     frame = skeleton(plan, steps, batch, dtype, layout)
-    loop = f"""    for t in range({steps}):
+    loop = f"""    for t in range({steps or STEPS}):
         with T.sblock("step"):
 {indent(frame.step_views, 12)}
 {indent([_body(_step(plan, batch, dtype, layout))], 12)}"""

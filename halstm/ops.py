@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+from tvm.sym.analyzer import Analyzer
 from tvm import te, tirx, topi  # importing topi gives te.Tensor its elementwise arithmetic operators
 
 MATMUL_TAG = "halstm.matmul"
@@ -28,7 +29,7 @@ def _broadcast(f, a, b, name: str) -> te.Tensor:
     """``f`` of the elements of a and b (tensors, or a number for one of them) broadcast against
     each other as in NumPy."""
     dtype = (a if isinstance(a, te.Tensor) else b).dtype
-    shapes = [tuple(int(d) for d in t.shape) if isinstance(t, te.Tensor) else () for t in (a, b)]
+    shapes = [dims(t) if isinstance(t, te.Tensor) else () for t in (a, b)]
 
     def element(t, shape, index):
         if not isinstance(t, te.Tensor):
@@ -36,8 +37,37 @@ def _broadcast(f, a, b, name: str) -> te.Tensor:
         index = index[len(index) - len(shape):]
         return t[tuple(0 if d == 1 else i for d, i in zip(shape, index))]
 
-    return te.compute(np.broadcast_shapes(*shapes),
+    return te.compute(_broadcast_shape(*shapes),
                       lambda *i: f(element(a, shapes[0], i), element(b, shapes[1], i)), name=name)
+
+
+def dims(t: te.Tensor) -> tuple:
+    """t's shape: ints, and the expression itself for a dimension that is symbolic (the rows of a
+    function lowered for any sequence length)."""
+    return tuple(int(d) if isinstance(d, tirx.IntImm) else d for d in t.shape)
+
+
+def same_extent(a, b) -> bool:
+    """Whether two extents, numbers or symbolic expressions, are provably equal."""
+    return Analyzer().can_prove_equal(a, b)
+
+
+def _broadcast_shape(*shapes: tuple) -> tuple:
+    """NumPy's broadcast of ``shapes``, whose dimensions may be symbolic (equal only to themselves)."""
+    numeric = [tuple(d if isinstance(d, int) else -1 for d in s) for s in shapes]
+    size = max(map(len, shapes))
+    out = []
+    for i in range(1, size + 1):
+        present = [s[-i] for s in shapes if len(s) >= i and not (isinstance(s[-i], int) and s[-i] == 1)]
+        if not present:
+            out.append(1)
+        elif all(isinstance(d, int) for d in present):
+            out.append(np.broadcast_shapes(*[(d,) for d in present])[0])
+        elif all(not isinstance(d, int) and same_extent(d, present[0]) for d in present):
+            out.append(present[0])
+        else:
+            raise ValueError(f"shapes {numeric} cannot be broadcast together")
+    return tuple(reversed(out))
 
 
 def maximum(a, b) -> te.Tensor:
@@ -111,7 +141,7 @@ def linear(a: te.Tensor, weight: te.Tensor, bias: te.Tensor | None = None) -> te
 
 def split(t: te.Tensor, parts: int) -> list[te.Tensor]:
     """Split the last axis of ``t`` into ``parts`` equal chunks (gates stacked as in PyTorch)."""
-    *lead, width = (int(d) for d in t.shape)
+    *lead, width = dims(t)
     if width % parts:
         raise ValueError(f"split: last axis {width} is not divisible into {parts} parts")
     size = width // parts
@@ -158,7 +188,7 @@ def layer_norm(t: te.Tensor, gamma: te.Tensor, beta: te.Tensor | None = None, ep
     """``(t - mean) / sqrt(var + eps) * gamma + beta`` over the last axis of a (B, N) tensor, as
     torch.nn.functional.layer_norm (biased variance); the statistics and the result in float32.
     The two sums are the cell's own reductions: recipes schedule them as such."""
-    rows, width = (int(d) for d in t.shape)
+    rows, width = dims(t)
     name = t.op.name
 
     def wide(b, n):

@@ -16,6 +16,7 @@ import numpy as np
 import tvm
 
 ALIGNMENT = 64  # bytes: what TVM-compiled code assumes of every buffer
+STEPS = "n_steps"  # the argument that is T, in a function for any sequence length
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,25 @@ class Arg:
     name: str
     shape: tuple[int, ...]
     dtype: str
-    role: str  # "x", "state", "param" or "output"
+    role: str  # "x", "state", "param", "output", or "steps": T, where the function serves any
+    # a sequence of a function for any T: ``shape[0]`` rows a step, over T + extra_steps steps
+    extra_steps: int | None = None
+
+    @classmethod
+    def sequence(cls, name: str, steps: int | None, batch: int, extra_steps: int, cols: int, dtype: str,
+                 role: str) -> Arg:
+        """A buffer of ``batch`` rows a step over ``steps`` + ``extra_steps`` steps (any T where
+        ``steps`` is None)."""
+        if steps is None:
+            return cls(name, (batch, cols), dtype, role, extra_steps)
+        return cls(name, ((steps + extra_steps) * batch, cols), dtype, role)
+
+    def at(self, steps: int) -> Arg:
+        """The argument of a call over ``steps`` steps, its shape concrete."""
+        if self.extra_steps is None:
+            return self
+        rows = (steps + self.extra_steps) * self.shape[0]
+        return Arg(self.name, (rows, *self.shape[1:]), self.dtype, self.role)
 
 
 @dataclass(frozen=True)
@@ -41,13 +60,14 @@ class Signature:
     batch: int
     dtype: str
     args: tuple[Arg, ...]
+    longest: int | None = None  # where ``steps`` is None (any T): the longest sequence it takes
 
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> Signature:
-        args = tuple(Arg(a["name"], tuple(a["shape"]), a["dtype"], a["role"]) for a in d["args"])
+        args = tuple(Arg(a["name"], tuple(a["shape"]), a["dtype"], a["role"], a.get("extra_steps")) for a in d["args"])
         return cls(**{**d, "states": tuple(d["states"]), "args": args})
 
     def __str__(self):
@@ -85,8 +105,7 @@ class SequenceFunction:
 
     def __call__(self, x, params: dict, states: dict | None = None):
         seqs = self.sequences(x, params, states)
-        T = self.signature.steps
-        return seqs[self.signature.output][1:], {s: v[T] for s, v in seqs.items()}
+        return seqs[self.signature.output][1:], {s: v[-1] for s, v in seqs.items()}
 
     def sequences(self, x, params: dict, states: dict | None = None) -> dict:
         """Every state at every step: (T + 1, B, H) by name, the initial state first."""
@@ -113,7 +132,7 @@ class SequenceFunction:
         us, 28.1-28.5 before the argument plan (``_slots``), the cached dtype names and the shares that
         make no new tensor objects."""
         sig = self.signature
-        T, B, H = sig.steps, sig.batch, sig.hidden_size
+        T, B, H = sig.steps or steps_of(x, sig), sig.batch, sig.hidden_size
         frame = as_frame(x, self._device, self._cpu)
         check_array(x, "x", (T, B, sig.input_size), sig.dtype)
         params = check_names(params, "params", self._param_names, required=True)
@@ -121,7 +140,11 @@ class SequenceFunction:
         tensors, outputs = [], {}
         given = {"params": params, "states": states}
         for arg, where, key in self._slots:
-            if arg.role == "x":
+            if arg.extra_steps is not None:
+                arg = arg.at(T)
+            if arg.role == "steps":
+                t = T
+            elif arg.role == "x":
                 t = frame.share(x.reshape(T * B, sig.input_size))
             elif where is not None and key in given[where]:
                 value = given[where][key]
@@ -136,6 +159,19 @@ class SequenceFunction:
             return {s: frame.result(outputs[s + "_seq"]).reshape(T + 1, B, H) for s in sig.states}
 
         return functools.partial(self._main, *tensors), finish
+
+
+def steps_of(x, sig: Signature) -> int:
+    """T of a call to a function that serves any (``sig.steps`` None): x's first dimension, checked
+    against the longest sequence the function takes."""
+    shape = tuple(getattr(x, "shape", ()))
+    if len(shape) != 3:
+        check_array(x, "x", ("T", sig.batch, sig.input_size), sig.dtype)  # raises, naming what x is
+    T = int(shape[0])
+    if not 1 <= T <= sig.longest:
+        raise ValueError(f"x: {T} steps; this function takes 1 to {sig.longest} (its buffers are indexed with "
+                         f"int32): use shorter calls, each starting from the last one's final states")
+    return T
 
 
 class Pack:

@@ -19,6 +19,7 @@ columns (bias gradients) run down the rows a strip of columns a task, its transp
 from __future__ import annotations
 
 from tvm.s_tir import Schedule
+from tvm.tirx import IntImm
 
 from halstm.lowering import PackedLayout
 
@@ -94,7 +95,9 @@ def _micro_kernel(sch: Schedule, block, rows: int, cols: int, panel: int) -> Non
     at most the GEMM's rows: at B=32 a 64-row panel left half of the step GEMM's tasks empty.
     """
     b, n, k = sch.get_loops(block)
-    panel = min(panel, int(sch.get(b).extent))  # a panel past the rows is tasks with nothing to do
+    extent = sch.get(b).extent
+    if isinstance(extent, IntImm):  # a panel past the rows is tasks with nothing to do
+        panel = min(panel, int(extent))
     b_panel, b_outer, b_inner = sch.split(b, [None, max(1, panel // rows), rows])
     n_outer, n_inner = sch.split(n, [None, cols])
     sch.reorder(b_panel, n_outer, b_outer, k, b_inner, n_inner)

@@ -86,7 +86,7 @@ def pipelined_defaults(knobs: dict, program, target) -> dict:
     for stages, bk in dict.fromkeys(tries):  # TF32's default is the second try
         k = {**knobs, "tc_stages": stages, "tc_k": bk}
         k["tc_hoisted_frags"] = _hoisted_fragments(k, program, target)
-        if hoisted_tensor_core_tile(k).for_rows(program.steps * program.batch).fits(size, target):
+        if hoisted_tensor_core_tile(k).for_rows(program.nominal_steps * program.batch).fits(size, target):
             return {n: k[n] for n in ("tc_stages", "tc_k", "tc_hoisted_frags")}
     return {}
 
@@ -97,7 +97,7 @@ def _hoisted_fragments(knobs: dict, program, target) -> int:
     calls (benchmarks/knob_sweep.py), ms 64 x 64 -> 128 x 128:
     LSTM B=64 H=1024 persistent 1.175 -> 1.101, B=16 H=512 persistent 0.356 -> 0.347, B=256 H=1024
     step loop 3.889 -> 3.441 (ncu, the GEMM alone at B=64: 340 -> 282 us)."""
-    rows = program.steps * program.batch
+    rows = program.nominal_steps * program.batch
     cols = max((g.rows for g in program.plan.hoisted), default=0)
     wide = {**knobs, "tc_hoisted_frags": 4}
     tile = hoisted_tensor_core_tile(wide).for_rows(rows)
@@ -150,7 +150,7 @@ def rows_and_gemms(program, step: bool) -> tuple[int, list]:
     """The rows and the GEMMs of the step (B rows) or, without ``step``, of the hoisted GEMMs (T x B)."""
     if step:
         return program.batch, program.plan.step_gemms
-    return program.steps * program.batch, program.plan.hoisted
+    return program.nominal_steps * program.batch, program.plan.hoisted
 
 
 def _wgmma_tile(knobs: dict, program, target, rows: int, cols: int, depth: int, step: bool,

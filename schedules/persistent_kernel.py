@@ -21,6 +21,7 @@ from tvm.script import tirx as T
 from tvm.script.ir_builder import IRBuilder
 
 from halstm.lowering import skeleton
+from halstm.runtime import STEPS
 
 from .block_gemm import FRAG, VECTOR, BlockGemm, staged_operands
 from .cuda_tensorcore import BYTES
@@ -181,6 +182,7 @@ class PersistentKernel:
         allocs += [f'{r.buffer}_parts = T.alloc_buffer(({B}, {self.groups}), "float32")' for r in self.reductions]
         shell = tvm.script.from_source(frame.source(_TIME_LOOP, allocs))
         self.buf = named_buffers(shell)
+        self.steps = p.steps or self.buf[STEPS]  # the function's variable where it serves any T
         with IRBuilder() as builder:
             with loop(T.thread_binding, self.grid, "p_bx", thread="blockIdx.x") as self.bx:
                 with loop(T.thread_binding, self.threads, "p_tx", thread="threadIdx.x") as self.tx:
@@ -189,7 +191,7 @@ class PersistentKernel:
                             self.buf[name] = named(name, T.sblock_alloc_buffer((size,), dtype, scope=scope,
                                                                                 layout=None))
                         self.setup()
-                        with loop(T.serial, p.steps, "t") as self.t:
+                        with loop(T.serial, self.steps, "t") as self.t:
                             with T.sblock("step"):
                                 for v in frame.step_views:
                                     first = self.t * v.rows + v.ahead if v.ahead else self.t * v.rows
@@ -301,7 +303,7 @@ class PersistentKernel:
         v = 16 // BYTES[dtype] if H % (16 // BYTES[dtype]) == 0 else 1
         bits = 8 * BYTES[dtype]
         sentinel = T.reinterpret(dtype, getattr(T, f"uint{bits}")(SENTINEL[bits]))
-        self.over_grid(self.p.steps * B, lambda r, c: T.buffer_store(seq, sentinel, [B + r, c]), v)
+        self.over_grid(self.steps * B, lambda r, c: T.buffer_store(seq, sentinel, [B + r, c]), v)
 
     def load_weights(self, g: BlockGemm) -> None:
         """Columns k-contiguous: w_s[c * stride + k], zeros past K and past C (the columns padded to

@@ -9,6 +9,7 @@ from tvm.tirx import IterVar
 from tvm.tirx.analysis import undefined_vars
 
 from halstm.lowering import PackedLayout
+from halstm.ops import same_extent
 
 
 class Recipe:
@@ -218,11 +219,14 @@ def merge_next_states(sch: Schedule, scope, blocks: list) -> list:
     def key(b):
         if sch.get_consumers(b) or is_reduction(sch, b):
             return None
-        return tuple(sch.get(loop).extent.value for loop in sch.get_loops(b))
+        return [sch.get(loop).extent for loop in sch.get_loops(b)]
+
+    def same_nest(a, b) -> bool:
+        return a is not None and b is not None and len(a) == len(b) and all(map(same_extent, a, b))
 
     runs: list[list] = []
     for b in sch.get_child_blocks(scope):  # in program order, GEMMs included: they break runs
-        if runs and key(b) is not None and key(b) == key(runs[-1][-1]):
+        if runs and same_nest(key(b), key(runs[-1][-1])):
             runs[-1].append(b)
         else:
             runs.append([b])

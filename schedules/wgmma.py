@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from tvm.s_tir import Schedule
 from tvm.s_tir._tensor_intrin import TensorIntrin
+from tvm.tirx import IntImm
 from tvm.script import tirx as T
 
 from .cuda_tensorcore import BYTES, store_operand_in, tensorize_works
@@ -154,6 +155,7 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
         if copy:
             sch.compute_inline(producer)
     store_operand_in(sch, block, dtype)
+    _row_tiles_in_grid(sch, block, tile)
     rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-3:])
     if k_by_n and packings:
         sch.transform_layout(block, ("read", 1), lambda k, n: (n, k))
@@ -165,6 +167,17 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
     sch.tensorize(sch.get_loops(init)[-2], _register_fill(rows, cols))
     sch.tensorize(sch.get_loops(block)[-3], _register_gemm(rows, cols, depth, dtype, tile, k_by_n))
     return True
+
+
+def _row_tiles_in_grid(sch: Schedule, block, tile: WgmmaTile) -> None:
+    """Rows of symbolic extent (a function for any T, its hoisted GEMM's rows padded to a multiple
+    of the tile's, ``lowering.hoisted_rows``): the kernel for one row tile of ``tile.bm`` rows,
+    the row tiles along the grid's y. A kernel's rows are fixed where it is registered."""
+    rows = sch.get_loops(block)[-3]
+    if isinstance(sch.get(rows).extent, IntImm):
+        return
+    row_tile, _ = sch.split(rows, [None, tile.bm])
+    sch.bind(row_tile, "blockIdx.y")
 
 
 @functools.cache  # once a process: a registration (parsing the kernel) took 0.10-0.16 s on the 2-core CPU
