@@ -2,7 +2,7 @@
 with any halstm cell underneath (``RNN(cell_type, ...)``).
 
 Each layer and direction runs as one compiled halstm function over the whole sequence (compiled on
-first use per sequence length, batch, dtype and device, then cached): tensors pass by DLPack on
+first use per batch, dtype and device for every sequence length, then cached): tensors pass by DLPack on
 torch's current CUDA stream. In eager mode ``_Sequence`` (a ``torch.autograd.Function``) calls it
 directly; while ``torch.compile`` traces, the ``halstm::sequence`` op registered with
 ``torch.library`` does, its fake implementation letting the trace go around it. Multi-layer with
@@ -33,21 +33,24 @@ from .lowering import cell_hash
 # cell.
 _CELLS: dict[str, object] = {}  # key -> a cell with that definition
 _TF32_SUFFIX = "-tf32"  # a key's float32 GEMMs may run as TF32 (``allow_tf32``)
-_COMPILED: dict[tuple, object] = {}  # (compiler, key, T, B, dtype, device) -> compiled function
+_COMPILED: dict[tuple, object] = {}  # (compiler, key, T or None, B, dtype, device) -> compiled function
+_ANY_STEPS = {compile_cell}  # the compilers whose functions serve every sequence length
 
 
 def _compiled(compiler, key: str, x: torch.Tensor):
-    """``compiler`` (halstm.compile or compile_backward) for the cell ``key`` at x's shape, dtype
-    and device, compiled on first use (once: a thread that finds it being compiled waits for it)."""
+    """``compiler`` (halstm.compile or compile_backward) for the cell ``key`` at x's batch, dtype and
+    device (and its sequence length, for a compiler whose functions serve one), compiled on first use
+    (once: a thread that finds it being compiled waits for it)."""
     T, B, _ = x.shape
-    cache = (compiler.__name__, key, T, B, x.dtype, x.device)
+    steps = None if compiler in _ANY_STEPS else T
+    cache = (compiler.__name__, key, steps, B, x.dtype, x.device)
     f = _COMPILED.get(cache)
     if f is None:
         with BUILD_LOCK:
             f = _COMPILED.get(cache)
             if f is None:
                 dtype = str(x.dtype).replace("torch.", "")
-                f = _COMPILED[cache] = compiler(_CELLS[key], T, B, dtype, _target(x.device),
+                f = _COMPILED[cache] = compiler(_CELLS[key], steps, B, dtype, _target(x.device),
                                                 allow_tf32=key.endswith(_TF32_SUFFIX))
     return f
 

@@ -5,16 +5,15 @@ import numpy as np
 import pytest
 
 import halstm
-from conftest import TOLERANCE, random_inputs, rel_err
+from conftest import TOLERANCE, gpu_available, outputs_on_gpu, random_inputs, rel_err
+from halstm import schedules
 from halstm.cells import BUILTIN
 from halstm.lowering import NOMINAL_STEPS, lower, max_steps
+from halstm.targets import CudaTarget
 
 STEPS = (1, 2, 7, 40)
-
-
-@pytest.fixture(autouse=True)
-def no_disk_cache(monkeypatch):
-    monkeypatch.setenv("HALSTM_CACHE", "0")
+H100 = CudaTarget("sm_90", sms=132)
+CUDA_RECIPES = [r for r in schedules.BUILTIN if r.name.startswith("cuda")]
 
 
 @pytest.mark.parametrize("cell_type", BUILTIN.values(), ids=lambda c: c.__name__)
@@ -76,3 +75,37 @@ def test_steps_must_be_a_positive_integer_or_none():
         halstm.compile(halstm.LSTM(4, 4), 0, 1)
     with pytest.raises(ValueError, match="or None"):
         halstm.compile(halstm.LSTM(4, 4), True, 1)
+
+
+@pytest.mark.parametrize("batch", [1, 16, 64])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("recipe", CUDA_RECIPES, ids=lambda r: r.name)
+@pytest.mark.parametrize("cell_type", BUILTIN.values(), ids=lambda c: c.__name__)
+def test_cuda_recipes_schedule_any_length(cell_type, recipe, dtype, batch):
+    """Scheduling (building is the GPU test's): the hoisted GEMMs' rows and the time loop symbolic,
+    on tensor cores (wgmma: a kernel a row tile, the tiles along the grid) and FFMA."""
+    cell = cell_type(64, 64)
+    program = lower(cell, None, batch, dtype)
+    if not recipe.is_applicable(program, H100):
+        return
+    knobs = recipe.resolve(program, H100, None)
+    layout = recipe.layout(program, H100, knobs)
+    if layout != program.layout:
+        program = lower(cell, None, batch, dtype, layout=layout)
+    assert recipe.apply(program, H100, **knobs) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16"])
+@pytest.mark.parametrize("recipe", CUDA_RECIPES, ids=lambda r: r.name)
+@pytest.mark.parametrize("cell_type", BUILTIN.values(), ids=lambda c: c.__name__)
+def test_one_cuda_function_serves_every_length(cell_type, recipe, dtype, rng):
+    cell = cell_type(48, 64)
+    program = lower(cell, None, 16, dtype)
+    if not recipe.is_applicable(program, halstm.targets.resolve("cuda")):
+        pytest.skip(f"{recipe.name} does not apply")
+    f = halstm.compile(cell, None, 16, dtype, target="cuda", recipe=recipe)
+    for T in STEPS:
+        for name, got, want in outputs_on_gpu(f, cell, T, 16, rng, dtype):
+            assert rel_err(got, want) < TOLERANCE[dtype], (T, name)

@@ -216,3 +216,17 @@ def test_import_halstm_gives_nn_lazily():
             "print(sorted(heavy), type(halstm.nn.LSTM(4, 8)).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert out.stdout.split() == ["[]", "LSTM"], out.stdout + out.stderr
+
+
+def test_forward_compiles_once_for_every_sequence_length(monkeypatch):
+    """A bidirectional two-layer module over batches of several lengths: each layer direction's
+    forward compiled once, for any T, and each length's output still torch's."""
+    monkeypatch.setattr(halstm.nn, "_COMPILED", {})
+    ours, theirs = twins(halstm.nn.GRU, torch.nn.GRU, input_size=6, hidden_size=8, num_layers=2,
+                         bidirectional=True)
+    with torch.no_grad():
+        for T in (4, 9, 2, 9):
+            x = torch.randn(T, 3, 6)
+            assert close(ours(x)[0], theirs(x)[0]), T
+    forwards = [k for k in halstm.nn._COMPILED if k[0] == "compile"]
+    assert len(forwards) == len({k[1] for k in forwards}) and all(k[2] is None for k in forwards)
