@@ -31,15 +31,16 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import PackedLayout
 
-from .cuda_blocks import bind_column_reduction, bind_flat, bind_reduction, schedule_transpose, whole_slices
+from .cuda_blocks import (bind_column_reduction, bind_flat, bind_reduction, bind_row_copy, schedule_transpose,
+                          whole_slices)
 from .cuda_epilogue import epilogue_units, fuse_epilogue
 from .cuda_ffma import hoisted_tile, step_tile
 from .cuda_gemm import (PIPELINED_K_BYTES, PIPELINED_K_TILES, STEP_K_BYTES, STEP_WARPS_M, STEP_WIDE_COLUMNS,
                         hoisted_tensor_core_tile, on_wgmma, pipelined_defaults, rows_and_gemms, schedule_gemm,
                         split_tf32, step_tensor_core_tile, step_tiles_fit, tf32_gemms, use_tensor_cores)
 from .cuda_tensorcore import BYTES, tensor_cores_available
-from .recipe import (Recipe, child_blocks, inline_elementwise, is_pure_copy, is_reduction, merge_next_states,
-                     reduces_columns)
+from .recipe import (Recipe, child_blocks, copies_rows, inline_elementwise, is_pure_copy, is_reduction,
+                     merge_next_states, reduces_columns)
 from .row_kernel import schedule_rows
 from .wgmma import wgmma_available, wgmma_tile
 
@@ -294,6 +295,8 @@ class CudaStepLoop(Recipe):
             for block in elementwise:
                 if is_reduction(sch, block):
                     bind_reduction(sch, block, k["threads"])
+                elif scope == "prologue" and copies_rows(sch, block):  # buffers of its own: aligned
+                    bind_row_copy(sch, block, k["threads"], BYTES[sch.get(block).writes[0].source.dtype])
                 elif not schedule_transpose(sch, block):
                     bind_flat(sch, block, k["threads"])
         return sch

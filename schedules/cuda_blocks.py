@@ -24,6 +24,24 @@ def bind_flat(sch: Schedule, block, threads: int) -> None:
     sch.bind(tx, "threadIdx.x")
 
 
+COPY_BYTES = 16  # what a thread of a row copy moves at once
+
+
+def bind_row_copy(sch: Schedule, block, threads: int, size: int) -> None:
+    """A ``copies_rows`` block, COPY_BYTES a thread where a row holds whole vectors of them (``size``
+    bytes an element), else an element a thread (``bind_flat``). H200, the fp16 copy of x into the
+    hoisted GEMM's padded rows (``lowering.hoisted_rows``): see docs/results.md#any-sequence-length."""
+    rows, cols = sch.get_loops(block)
+    lanes = COPY_BYTES // size
+    if int(sch.get(cols).extent) % lanes:
+        bind_flat(sch, block, threads)
+        return
+    bx, tx, lane = sch.split(sch.fuse(rows, cols), [None, threads, lanes])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(lane)
+
+
 def bind_reduction(sch: Schedule, block, threads: int) -> None:
     """A cell's own reduction (a layer norm's sum over a row): a thread block an output, its
     threads (up to ``threads``, a warp at least) striding over the reduced elements, their partial

@@ -112,6 +112,28 @@ def is_pure_copy(sch: Schedule, block) -> bool:
     return type(value).__name__ in ("BufferLoad", "TensorLoad")  # TVM 0.27 names the class TensorLoad
 
 
+def copies_rows(sch: Schedule, block) -> bool:
+    """Whether ``block`` copies elementwise along rows: two spatial loops, out[i, j] = src[i, j] (a
+    cast of it, or where a condition holds, else a constant: zeros past a buffer's rows,
+    ``lowering.hoisted_rows``' ``x_padded``; stacked weights zero past their rows), so that the
+    columns of a row can move several at a time."""
+    node = sch.get(block)
+    if len(sch.get_loops(block)) != 2 or any(iv.iter_type != IterVar.DataPar for iv in node.iter_vars):
+        return False
+    value = node.body.value
+    while type(value).__name__ == "Cast":
+        value = value.value
+    if type(value).__name__ == "Call" and value.op.name.endswith(".if_then_else") \
+            and type(value.args[2]).__name__ in ("IntImm", "FloatImm"):
+        value = value.args[1]
+        while type(value).__name__ == "Cast":
+            value = value.value
+    indices = [iv.var for iv in node.iter_vars]
+    return (type(value).__name__ in ("BufferLoad", "TensorLoad") and len(value.indices) == 2
+            and all(i.same_as(v) for i, v in zip(value.indices, indices))
+            and all(i.same_as(v) for i, v in zip(node.body.indices, indices)))
+
+
 def reduces_columns(sch: Schedule, block) -> bool:
     """Whether ``block`` sums down columns (a bias gradient over T x B rows, d_bias[j] = sum over r
     of d[r, j]): one spatial and one reduce loop, some read strided along the reduced variable and

@@ -41,6 +41,19 @@ class Memory:
         self.seen.setdefault((epoch, name, key), []).append((self.who, self.phase, value))
 
 
+class Ramp(tuple):
+    """The element indices of a vector access, ``T.Ramp(base, stride, lanes)``."""
+
+    @classmethod
+    def of(cls, base, stride, lanes):
+        return cls(base + i * stride for i in range(lanes))
+
+
+def broadcast(value, lanes):
+    """``T.Broadcast(value, lanes)``."""
+    return np.full(lanes, value)
+
+
 class Buffer:
     def __init__(self, name, array, memory, shared=False, row=0):
         self.name, self.array, self.memory, self.shared, self.row = name, array, memory, shared, row
@@ -52,6 +65,10 @@ class Buffer:
         return key
 
     def __getitem__(self, idx):
+        if isinstance(idx, slice) and self.array.ndim == 1:  # a vector load, as TVMScript prints it
+            idx = Ramp(range(idx.start, idx.stop))
+        if isinstance(idx, Ramp):  # a vector load
+            return np.array([self[i] for i in idx])
         if any(isinstance(i, slice) for i in (idx if isinstance(idx, tuple) else (idx,))):  # T.reads' region
             return None
         key = self._key(idx)
@@ -59,6 +76,12 @@ class Buffer:
         return self.array[key]
 
     def __setitem__(self, idx, value):
+        if isinstance(idx, slice) and self.array.ndim == 1:  # a vector store, as TVMScript prints it
+            idx = Ramp(range(idx.start, idx.stop))
+        if isinstance(idx, Ramp):  # a vector store
+            for i, v in zip(idx, np.broadcast_to(value, len(idx))):
+                self[i] = v
+            return
         key = self._key(idx)
         self.memory.access(self.name, key, self.shared, float(value))
         self.array[key] = value

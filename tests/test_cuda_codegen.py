@@ -26,7 +26,7 @@ from halstm.targets import CudaTarget
 
 from conftest import (TOLERANCE, assert_nvcc_compiles, gpu_available, outputs_on_gpu, random_inputs, rel_err,
                       representative, upcast)
-from cuda_emulator import Buffer, LazyIfThenElse, Memory, T
+from cuda_emulator import Buffer, LazyIfThenElse, Memory, Ramp, T, broadcast
 
 CELLS = (halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU)
 DTYPES = ("float32", "float16", "bfloat16")
@@ -436,6 +436,8 @@ def test_step_gemm_settings_compile(cell, dtype, shape, knobs, tmp_path):
 
 class _KernelT(T):
     float16 = bfloat16 = float
+    Ramp = staticmethod(Ramp.of)
+    Broadcast = staticmethod(broadcast)
 
 
 def _device_kernels(mod) -> dict:

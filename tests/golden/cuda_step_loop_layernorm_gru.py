@@ -113,13 +113,14 @@ class Module:
                             w_packed1[v0, v1] = w_packed1_shared[v0, v1]
             for i0_i1_fused_0 in T.thread_binding(1, thread="blockIdx.x"):
                 for i0_i1_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
-                    with T.sblock("h_init"):
-                        v_i0 = T.axis.spatial(2, (i0_i1_fused_0 * 256 + i0_i1_fused_1) // 16)
-                        v_i1 = T.axis.spatial(16, (i0_i1_fused_0 * 256 + i0_i1_fused_1) % 16)
-                        T.where(i0_i1_fused_0 * 256 + i0_i1_fused_1 < 32)
-                        T.reads(h0[v_i0, v_i1])
-                        T.writes(h_init[v_i0, v_i1])
-                        h_init[v_i0, v_i1] = h0[v_i0, v_i1]
+                    for i0_i1_fused_2 in T.vectorized(4):
+                        with T.sblock("h_init"):
+                            v_i0 = T.axis.spatial(2, (i0_i1_fused_0 * 1024 + i0_i1_fused_1 * 4 + i0_i1_fused_2) // 16)
+                            v_i1 = T.axis.spatial(16, (i0_i1_fused_0 * 1024 + i0_i1_fused_1 * 4 + i0_i1_fused_2) % 16)
+                            T.where((i0_i1_fused_0 * 256 + i0_i1_fused_1) * 4 + i0_i1_fused_2 < 32)
+                            T.reads(h0[v_i0, v_i1])
+                            T.writes(h_init[v_i0, v_i1])
+                            h_init[v_i0, v_i1] = h0[v_i0, v_i1]
         for t in range(3):
             with T.sblock("step"):
                 T.reads(x_proj0[t * 2:t * 2 + 2, 0:48], gamma_ih[0:48], bias_ih[0:48], h_seq[t * 2:t * 2 + 2, 0:16], w_packed1[0:16, 0:48], gamma_hh[0:48], bias_hh[0:48])

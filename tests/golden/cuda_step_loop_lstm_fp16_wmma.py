@@ -156,18 +156,21 @@ class Module:
                             w_packed1[v0, v1] = w_packed1_shared[v0, v1]
             for i0_m_i1_m_fused_0 in T.thread_binding(1, thread="blockIdx.x"):
                 for i0_m_i1_m_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
-                    with T.sblock("h_init"):
-                        v_i0 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) // 16)
-                        v_i1 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) % 16)
-                        T.reads(h0[v_i0, v_i1])
-                        T.writes(h_init[v_i0, v_i1])
-                        h_init[v_i0, v_i1] = h0[v_i0, v_i1]
-                    with T.sblock("c_init"):
-                        v_i0 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) // 16)
-                        v_i1 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) % 16)
-                        T.reads(c0[v_i0, v_i1])
-                        T.writes(c_init[v_i0, v_i1])
-                        c_init[v_i0, v_i1] = c0[v_i0, v_i1]
+                    for i0_m_i1_m_fused_2 in T.vectorized(8):
+                        with T.sblock("h_init"):
+                            v_i0 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 2048 + i0_m_i1_m_fused_1 * 8 + i0_m_i1_m_fused_2) // 16)
+                            v_i1 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 2048 + i0_m_i1_m_fused_1 * 8 + i0_m_i1_m_fused_2) % 16)
+                            T.where((i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) * 8 + i0_m_i1_m_fused_2 < 256)
+                            T.reads(h0[v_i0, v_i1])
+                            T.writes(h_init[v_i0, v_i1])
+                            h_init[v_i0, v_i1] = h0[v_i0, v_i1]
+                        with T.sblock("c_init"):
+                            v_i0 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 2048 + i0_m_i1_m_fused_1 * 8 + i0_m_i1_m_fused_2) // 16)
+                            v_i1 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 2048 + i0_m_i1_m_fused_1 * 8 + i0_m_i1_m_fused_2) % 16)
+                            T.where((i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) * 8 + i0_m_i1_m_fused_2 < 256)
+                            T.reads(c0[v_i0, v_i1])
+                            T.writes(c_init[v_i0, v_i1])
+                            c_init[v_i0, v_i1] = c0[v_i0, v_i1]
         for t in range(3):
             with T.sblock("step"):
                 T.reads(x_proj0[t * 16:t * 16 + 16, 0:64], bias_ih[0:64], h_seq[t * 16:t * 16 + 16, 0:16], w_packed1[0:16, 0:64], bias_hh[0:64], c_seq[t * 16:t * 16 + 16, 0:16])
