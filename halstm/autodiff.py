@@ -23,6 +23,9 @@ import tvm_ffi
 from tvm import te, tirx
 from tvm.ir import Call
 from tvm.sym import detect_linear_equation
+from tvm.sym.analyzer import Analyzer
+
+from .ops import extent, same_extent
 
 _LOAD = "te.tensor_load"
 _BINARY = {"Add", "Sub", "Mul", "Div", "Min", "Max", "FloorDiv", "FloorMod",
@@ -147,7 +150,7 @@ def _reads(op, dy, needed, bounded: _Bounded):
         axes += list(body.axis)
         condition = None if _is_true(body.condition) else body.condition
         body = body.source[0]
-    domain = {iv.var: int(iv.dom.extent) for iv in axes}
+    domain = {iv.var: extent(iv.dom.extent) for iv in axes}
     for read in _distinct_reads(body):
         tensor = read.args[0]
         partial = _Derivative(read, op.name).of(body) if needed(tensor) else None
@@ -158,12 +161,13 @@ def _reads(op, dy, needed, bounded: _Bounded):
 def _scatter(op, dy, read, partial, condition, domain, bounded: _Bounded):
     """The contribution of one read X[phi(i)] in op: dY[i] * partial, gathered onto X's indices."""
     tensor = read.args[0]
-    shape = [int(d) for d in tensor.shape]
+    shape = [extent(d) for d in tensor.shape]
     maps = _index_map(read, domain, op)
     bound = [v for v, _ in maps if v is not None]
     free = [v for v in domain if not any(v.same_as(b) for b in bound)]
+    out = [extent(d) for d in op.output(0).shape]
     identity = (
-        shape == [int(d) for d in op.output(0).shape] and not free and condition is None
+        len(shape) == len(out) and all(map(same_extent, shape, out)) and not free and condition is None
         and all(v is not None and v.same_as(iv.var) and c == 0 for (v, c), iv in zip(maps, op.axis))
         and type(partial).__name__ == "FloatImm" and partial.value == 1.0
     )
@@ -177,7 +181,7 @@ def _scatter(op, dy, read, partial, condition, domain, bounded: _Bounded):
                 inside.append(j[d] == c)
                 continue
             env[v] = j[d] - c
-            if c > 0 or c + domain[v] < shape[d]:  # X[j] is read by part of Y only
+            if c > 0 or not _at_least(c + domain[v], shape[d]):  # X[j] is read by part of Y only
                 # 0 <= j - c < extent, written so that where a slice is whole vectors TVM's
                 # simplifier makes it a condition on the outer loop: the if_then_else stays vectorised
                 inside.append(tirx.floordiv(env[v], domain[v]) == 0)
@@ -197,6 +201,13 @@ def _scatter(op, dy, read, partial, condition, domain, bounded: _Bounded):
         return te.sum(term(j, {v: a.var for v, a in zip(free, axes)}), axis=axes)
 
     return te.compute(shape, summed, name=f"d_{tensor.op.name}_{op.name}")
+
+
+def _at_least(a, b) -> bool:
+    """Whether extent a is provably at least b."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a >= b
+    return Analyzer().can_prove(a >= b)
 
 
 def _index_map(read, domain: dict, op) -> list:

@@ -75,6 +75,7 @@ def backward(program, target, recipe, knobs: dict, adjoint, build) -> CompiledBa
     """``build()``'s ``CompiledBackward`` for the ``BackwardProgram`` ``program``, as ``forward``
     (its reversed loop ``adjoint``, compiled and cached as a forward)."""
     key = _key("backward", list(program.functions.values()), target, recipe, knobs)
+    key["steps"] = program.steps  # the functions' own are one step over all rows; None: any T
 
     def store(compiled, path):
         deploy._write_atomically(path, lambda tmp: compiled.module.export_library(str(tmp)))

@@ -32,20 +32,22 @@ from .runtime import Arg, Pack, as_frame, check_array, check_names, on_cpu
 
 
 @serialised
-def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32", target="cpu",
+def compile_backward(cell: Cell, steps: int | None, batch: int, dtype: str = "float32", target="cpu",
                      knobs: dict | None = None, database=None, allow_tf32: bool = False) -> CompiledBackward:
     """The backward of ``halstm.compile(cell, steps, batch, dtype, target)`` (``halstm.backward``):
     its reversed time loop, the adjoint cell, compiled as ``halstm.compile`` compiles a cell (the
     recipe the tuning ``database``'s records or the defaults choose: ``halstm tune --training``);
     the functions around it over all rows scheduled by the target's step-loop recipe (``knobs``
     overrides its defaults). ``allow_tf32`` as for ``halstm.compile``: float32 GEMMs, the loop's and
-    the functions', on TF32 tensor cores."""
+    the functions', on TF32 tensor cores. ``steps=None``: one backward for every sequence length, T
+    read off each call's x (its reversed loop compiled for any T too, called for T + 1 steps)."""
     check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)
-    recipe, knobs, program, scheduled = lower_backward_for(cell, int(steps), int(batch), dtype, target, knobs,
+    steps = None if steps is None else int(steps)
+    recipe, knobs, program, scheduled = lower_backward_for(cell, steps, int(batch), dtype, target, knobs,
                                                            allow_tf32)
-    adjoint = compile_cell(program.adjoint, int(steps) + 1, int(batch), dtype, target, database=database,
-                           allow_tf32=allow_tf32)
+    adjoint = compile_cell(program.adjoint, None if steps is None else steps + 1, int(batch), dtype, target,
+                           database=database, allow_tf32=allow_tf32)
     from . import cache
 
     def build():
@@ -57,8 +59,8 @@ def compile_backward(cell: Cell, steps: int, batch: int, dtype: str = "float32",
     return cache.backward(program, target, recipe, knobs, adjoint, build)
 
 
-def lower_backward_for(cell: Cell, steps: int, batch: int, dtype: str, target, knobs: dict | None = None,
-                       allow_tf32: bool = False):
+def lower_backward_for(cell: Cell, steps: int | None, batch: int, dtype: str, target,
+                       knobs: dict | None = None, allow_tf32: bool = False):
     """(recipe, knobs, BackwardProgram, schedules made on the way by name) for ``compile_backward``:
     the target's step-loop recipe and its knobs, the backward lowered in its layout, its reversed
     loop's operand GEMMs one a gate where the persistent kernel runs it in fp16/bf16 (each polling a
@@ -86,15 +88,15 @@ def lower_backward_for(cell: Cell, steps: int, batch: int, dtype: str, target, k
         return recipe, knobs, lower_backward(cell, steps, batch, dtype, plan, layout, gathered, **exact), {}
 
 
-def reversed_loop(cell: Cell, steps: int, batch: int, dtype: str, target, plan=None,
+def reversed_loop(cell: Cell, steps: int | None, batch: int, dtype: str, target, plan=None,
                   allow_tf32: bool = False) -> AdjointCell:
-    """The adjoint cell ``compile_backward`` compiles for T + 1 steps, in the form
-    ``lower_backward_for`` chooses (``halstm tune --training`` tunes it)."""
+    """The adjoint cell ``compile_backward`` compiles for T + 1 steps (any, where ``steps`` is None),
+    in the form ``lower_backward_for`` chooses (``halstm tune --training`` tunes it)."""
     plan = plan or make_plan(cell)
     target = targets.resolve(target)
     if target.kind == "cuda" and (dtype != "float32" or allow_tf32):
         split = AdjointCell(plan, gathered=False)
-        loop = lower(split, steps + 1, batch, dtype, allow_tf32=allow_tf32)
+        loop = lower(split, None if steps is None else steps + 1, batch, dtype, allow_tf32=allow_tf32)
         if schedules.recipes_for(loop, target)[0].name == "cuda-persistent":
             return split
     return AdjointCell(plan, gathered=True)
@@ -108,48 +110,75 @@ class CompiledBackward:
     ``cached``: the compiled-module cache's entry, None where it was built)."""
 
     cached = None
+    PLANS_KEPT = 64  # call plans kept for a backward of any T, one a sequence length
 
     def __init__(self, program: BackwardProgram, target, recipe, knobs, schedules: dict, module, adjoint):
         self.program, self.target, self.recipe, self.knobs = program, target, recipe, knobs
         self.schedules, self.module, self.adjoint = schedules, module, adjoint
 
     @functools.cached_property
-    def _plan(self) -> _CallPlan:
-        return _CallPlan(self)
+    def _plans(self) -> dict[int, _CallPlan]:
+        return {}
+
+    def _plan_for(self, T: int) -> _CallPlan:
+        """The call plan of a call over T steps, made once a T (the most recent ``PLANS_KEPT`` kept)."""
+        plan = self._plans.get(T)
+        if plan is None:
+            if len(self._plans) >= self.PLANS_KEPT:
+                self._plans.pop(next(iter(list(self._plans))), None)
+            plan = self._plans[T] = _CallPlan(self, T)
+        return plan
+
+    def steps_of(self, x) -> int:
+        """T of a call: the backward's, or where it serves any, x's first dimension, checked."""
+        p = self.program
+        if p.steps is not None:
+            return p.steps
+        shape = tuple(getattr(x, "shape", ()))
+        if len(shape) != 3:
+            check_array(x, "x", ("T", p.batch, p.plan.cell.input_size), p.dtype)  # raises, naming what x is
+        T, longest = int(shape[0]), min(p.longest, self.adjoint.signature.longest - 1)
+        if not 1 <= T <= longest:
+            raise ValueError(f"x: {T} steps; this backward takes 1 to {longest} (its buffers are indexed with "
+                             f"int32): use shorter calls")
+        return T
 
     def __call__(self, x, params: dict, seqs: dict, grads: dict | None = None):
-        buffers, finish = self._bind(x, params, seqs, grads)
-        for function, args in self._plan.calls:
+        buffers, finish, plan = self._bind(x, params, seqs, grads)
+        for function, args in plan.calls:
             function(*args(buffers))
         return finish()
 
     def prepare(self, x, params: dict, seqs: dict, grads: dict | None = None):
         """Check the arguments and allocate the buffers once; returns a function that runs the four
         compiled functions and waits for the device, as benchmarks time the kernels alone."""
-        buffers, _ = self._bind(x, params, seqs, grads)
-        calls = [(function, args(buffers)) for function, args in self._plan.calls]
+        buffers, _, plan = self._bind(x, params, seqs, grads)
+        calls = [(function, args(buffers)) for function, args in plan.calls]
 
         def timed():
             for function, args in calls:
                 function(*args)
-            self._plan.device.sync()
+            plan.device.sync()
 
         return timed
 
     def _bind(self, x, params: dict, seqs: dict, grads: dict | None):
         """A call's buffers by slot (``_CallPlan``), the caller's arrays checked and shared, the rest
-        allocated; and the function that returns (dx, dparams, dstates) after the call. A call's host
-        time beyond its kernels, torch tensors, LSTM T=5 B=2 H=16 float32 on the 2-core CPU machine
-        (``python benchmarks/call_overhead.py LSTM 5,2,16 --backward --reps 3000``): 105-120 us;
+        allocated; the function that returns (dx, dparams, dstates) after the call; the call plan. A
+        call's host time beyond its kernels, torch tensors, LSTM T=5 B=2 H=16 float32 on the 2-core
+        CPU machine (``python benchmarks/call_overhead.py LSTM 5,2,16 --backward --reps 3000``): 105-120 us;
         210-220 us before the call plan (functions looked up each call, a dict of every argument,
         each buffer allocated on its own), 365-375 us where the module was built in the process
         (each lookup then goes through the module's import tree)."""
-        plan, dtype, T, B = self._plan, self.program.dtype, self.program.steps, self.program.batch
+        T = self.steps_of(x)
+        plan, dtype, B = self._plan_for(T), self.program.dtype, self.program.batch
         frame = as_frame(x, plan.device, plan.cpu)
         params = check_names(params, "params", plan.param_names, required=True)
         seqs = check_names(seqs, "seqs", plan.state_names, required=True)
         grads = check_names(grads or {}, "grads", plan.state_names, required=False)
         buffers = [None] * plan.count
+        for slot, value in plan.numbers:  # T, T + 1: the sequence lengths of a backward for any T
+            buffers[slot] = value
         missing = len(grads) < len(plan.state_names)  # then the pack's second buffer is zeroed too
         for slot, value in zip(plan.scratch_slots, frame.new_all(plan.scratch, zeros=2 if missing else 1)):
             buffers[slot] = value
@@ -173,12 +202,13 @@ class CompiledBackward:
                     {n: result(buffers[i]) for n, i in plan.dparams},
                     {s: result(buffers[i])[first:first + B] for s, i in plan.dstates})
 
-        return buffers, finish
+        return buffers, finish, plan
 
     def __repr__(self):
         p = self.program
-        return (f"<compiled backward of {p.plan.cell!r} T={p.steps} B={p.batch} {p.dtype} on {self.target.key} "
-                f"with {self.recipe.name} {self.knobs}, its reversed loop with {self.adjoint.recipe.name}>")
+        return (f"<compiled backward of {p.plan.cell!r} T={p.steps or 'any'} B={p.batch} {p.dtype} "
+                f"on {self.target.key} with {self.recipe.name} {self.knobs}, "
+                f"its reversed loop with {self.adjoint.recipe.name}>")
 
 
 class _CallPlan:
@@ -186,11 +216,13 @@ class _CallPlan:
     index into a call's list of buffers), where each comes from (the caller's arrays, checked and
     shared; one allocation for the buffers between the functions, zeros first: read in place of a
     missing gradient and as the reversed loop's initial states; one each for the results, which
-    outlive the call), and the compiled functions bound with their arguments' slots in order."""
+    outlive the call), and the compiled functions bound with their arguments' slots in order; for a
+    call over T steps (a backward for any T has one a T, its functions' ``STEPS`` T, its reversed
+    loop's T + 1, each in a slot of its own: ``numbers``)."""
 
-    def __init__(self, backward: CompiledBackward):
+    def __init__(self, backward: CompiledBackward, T: int):
         p, adjoint = backward.program, backward.adjoint
-        cell, T, B, dtype, H = p.plan.cell, p.steps, p.batch, p.dtype, p.plan.cell.hidden_size
+        cell, B, dtype, H = p.plan.cell, p.batch, p.dtype, p.plan.cell.hidden_size
         self.device = backward.target.device()
         self.cpu = on_cpu(self.device)
         self.param_names, self.state_names, self.input_size = set(cell.parameters()), set(cell.states), cell.input_size
@@ -209,7 +241,8 @@ class _CallPlan:
         # (slot, where, key, name in errors, shape expected, shape passed or None where the same)
         self.given: list[tuple] = []
         self.results: list[tuple[int, Arg]] = []
-        grad_shape = next(a.shape for a in p.args if a.role == "grad")
+        self.numbers: list[tuple[int, int]] = []  # (slot, value): the sequence lengths a call passes
+        grad_shape = next(a.at(T).shape for a in p.args if a.role == "grad")
         scratch = [Arg("zeros", (B, H), dtype, "buffer"), Arg("no gradient", grad_shape, dtype, "buffer")]
         self.zeros, self.no_gradient = slot("zeros"), slot("no gradient")
 
@@ -221,7 +254,10 @@ class _CallPlan:
                 scratch.append(arg)
 
         for arg in p.args:
-            if arg.name in callers:
+            arg = arg.at(T)
+            if arg.role == "steps":
+                self.numbers.append((slot(arg.name), T))
+            elif arg.name in callers:
                 where, key, what, shape = callers[arg.name]
                 self.given.append((slot(arg.name), where, key, what, shape, None if arg.shape == shape else arg.shape))
             elif arg.name not in from_adjoint:
@@ -230,7 +266,11 @@ class _CallPlan:
         self.final_grads: list[tuple[int, str]] = []
         adjoint_args = []
         for arg, where, key in adjoint.slots:
-            if arg.role == "x":
+            arg = arg.at(T + 1)
+            if arg.role == "steps":
+                adjoint_args.append(slot("adjoint steps"))
+                self.numbers.append((adjoint_args[-1], T + 1))
+            elif arg.role == "x":
                 adjoint_args.append(slots["adjoint_x"])
             elif where == "params":
                 adjoint_args.append(slots[key])

@@ -41,14 +41,21 @@ def _broadcast(f, a, b, name: str) -> te.Tensor:
                       lambda *i: f(element(a, shapes[0], i), element(b, shapes[1], i)), name=name)
 
 
+def extent(e):
+    """An extent as a number, or the expression itself where it is symbolic (the rows of a function
+    lowered for any sequence length)."""
+    return int(e) if isinstance(e, (int, tirx.IntImm)) else e
+
+
 def dims(t: te.Tensor) -> tuple:
-    """t's shape: ints, and the expression itself for a dimension that is symbolic (the rows of a
-    function lowered for any sequence length)."""
-    return tuple(int(d) if isinstance(d, tirx.IntImm) else d for d in t.shape)
+    """t's shape, each dimension an ``extent``."""
+    return tuple(extent(d) for d in t.shape)
 
 
 def same_extent(a, b) -> bool:
     """Whether two extents, numbers or symbolic expressions, are provably equal."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
     return Analyzer().can_prove_equal(a, b)
 
 

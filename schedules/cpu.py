@@ -19,7 +19,8 @@ columns (bias gradients) run down the rows a strip of columns a task, its transp
 from __future__ import annotations
 
 from tvm.s_tir import Schedule
-from tvm.tirx import IntImm
+from tvm.sym.analyzer import Analyzer
+from tvm.tirx import IntImm, floormod
 
 from halstm.lowering import PackedLayout
 
@@ -79,12 +80,27 @@ def _all_rows_tile(sch: Schedule, block, knobs: dict, target) -> int:
     prepare, rows and weights; the rows knob is the step's, whose GEMM has B rows): ``ALL_ROWS_TILE``,
     halving the loads of W per FMA, where it divides the GEMM's rows (T*B; a weight gradient's, the
     H or 4H columns of dG^T) and fits the registers as ``valid`` asks; else the knob's. LSTM
-    (100,16,512) on the 2-core CPU (AVX-512), prepare timed alone: 64 ms against 72 with 4 rows."""
+    (100,16,512) on the 2-core CPU (AVX-512), prepare timed alone: 64 ms against 72 with 4 rows.
+    Where the rows follow the sequence length (a function for any T: n_steps * B rows), the first
+    of these that divides them for every T, down to one row: a tile that leaves some rows out
+    predicates the register tile, which TVM's buffer compaction refused ("cannot make uint from
+    negative value")."""
     rows, vectors = ALL_ROWS_TILE, knobs["vectors"]
     registers = 32 if target.lanes == 16 else 16
-    extent = int(sch.get(sch.get_loops(block)[0]).extent)
+    extent = sch.get(sch.get_loops(block)[0]).extent
     fits = rows * vectors + vectors + 1 < registers
-    return rows if fits and extent % rows == 0 else knobs["rows"]
+    if isinstance(extent, IntImm):
+        return rows if fits and int(extent) % rows == 0 else knobs["rows"]
+    candidates = ([rows] if fits else []) + list(range(knobs["rows"], 0, -1))
+    return next(r for r in candidates if _divides(extent, r))
+
+
+def _divides(extent, d: int) -> bool:
+    """Whether ``d`` divides the loop extent (a number, or an expression in the sequence length)
+    for every value it takes."""
+    if isinstance(extent, IntImm):
+        return int(extent) % d == 0
+    return Analyzer().can_prove(floormod(extent, d) == 0)
 
 
 def _micro_kernel(sch: Schedule, block, rows: int, cols: int, panel: int) -> None:
@@ -92,12 +108,16 @@ def _micro_kernel(sch: Schedule, block, rows: int, cols: int, panel: int) -> Non
 
     Within a panel a strip stays in L1 across the panel's row tiles. Without panels, the hoisted
     GEMM (6400 x 512 x 2048) streamed all of x once per strip and ran at 129 GFLOP/s. The panel is
-    at most the GEMM's rows: at B=32 a 64-row panel left half of the step GEMM's tasks empty.
+    at most the GEMM's rows: at B=32 a 64-row panel left half of the step GEMM's tasks empty. Where
+    the rows are symbolic (a function for any T), the panel is the largest whole number of tiles up to
+    ``panel`` that divides them for every T: nothing then predicates the register tile.
     """
     b, n, k = sch.get_loops(block)
     extent = sch.get(b).extent
     if isinstance(extent, IntImm):  # a panel past the rows is tasks with nothing to do
         panel = min(panel, int(extent))
+    elif _divides(extent, rows):
+        panel = next(m * rows for m in range(max(1, panel // rows), 0, -1) if _divides(extent, m * rows))
     b_panel, b_outer, b_inner = sch.split(b, [None, max(1, panel // rows), rows])
     n_outer, n_inner = sch.split(n, [None, cols])
     sch.reorder(b_panel, n_outer, b_outer, k, b_inner, n_inner)
