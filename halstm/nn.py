@@ -13,7 +13,8 @@ Inputs, initial states and lengths are checked before anything compiles or runs.
 Modules train: ``_Sequence.backward``, or the op's backward (``halstm::sequence_backward``,
 registered with ``torch.library.register_autograd``), runs the backward through time that
 ``halstm.gradients`` compiles from the same cell, giving torch the gradients with respect to the
-input, every parameter and the initial states of each layer direction.
+input, every parameter and the initial states of each layer direction. The backward too serves every
+sequence length on the CPU; on a GPU it is compiled per sequence length.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from .lowering import cell_hash
 _CELLS: dict[str, object] = {}  # key -> a cell with that definition
 _TF32_SUFFIX = "-tf32"  # a key's float32 GEMMs may run as TF32 (``allow_tf32``)
 _COMPILED: dict[tuple, object] = {}  # (compiler, key, T or None, B, dtype, device) -> compiled function
-_ANY_STEPS = {compile_cell}  # the compilers whose functions serve every sequence length
+# the compilers whose functions serve every sequence length, by device type
+_ANY_STEPS = {"cpu": {compile_cell, compile_backward}, "cuda": {compile_cell}}
 
 
 def _compiled(compiler, key: str, x: torch.Tensor):
@@ -42,7 +44,7 @@ def _compiled(compiler, key: str, x: torch.Tensor):
     device (and its sequence length, for a compiler whose functions serve one), compiled on first use
     (once: a thread that finds it being compiled waits for it)."""
     T, B, _ = x.shape
-    steps = None if compiler in _ANY_STEPS else T
+    steps = None if compiler in _ANY_STEPS[x.device.type] else T
     cache = (compiler.__name__, key, steps, B, x.dtype, x.device)
     f = _COMPILED.get(cache)
     if f is None:

@@ -230,3 +230,19 @@ def test_forward_compiles_once_for_every_sequence_length(monkeypatch):
             assert close(ours(x)[0], theirs(x)[0]), T
     forwards = [k for k in halstm.nn._COMPILED if k[0] == "compile"]
     assert len(forwards) == len({k[1] for k in forwards}) and all(k[2] is None for k in forwards)
+
+
+def test_training_compiles_once_for_every_sequence_length(monkeypatch):
+    """Training steps over several lengths on the CPU: each layer's forward and backward compiled
+    once, for any T; the gradients still torch's."""
+    monkeypatch.setattr(halstm.nn, "_COMPILED", {})
+    ours, theirs = twins(halstm.nn.LSTM, torch.nn.LSTM, input_size=5, hidden_size=6, num_layers=2)
+    for T in (3, 8, 3):
+        for module in (ours, theirs):
+            module.zero_grad()
+            backward(*module(torch.randn(T, 2, 5, generator=torch.Generator().manual_seed(T))))
+        pairs = [(p.grad, q.grad) for p, q in zip(ours.parameters(), theirs.parameters())]
+        assert all(rel_err(a.numpy(), b.numpy()) < 1e-4 for a, b in pairs), T
+    kinds = [k[0] for k in halstm.nn._COMPILED]
+    assert sorted(kinds) == ["compile"] * 2 + ["compile_backward"] * 2
+    assert all(k[2] is None for k in halstm.nn._COMPILED)
