@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 from tvm.s_tir import Schedule
 
-from .recipe import is_pure_copy
+from .recipe import divides, is_pure_copy
 from .wmma import FRAG, TILE_SCOPE, frag_k, fragment_dtype, intrinsics
 
 WARP = 32
@@ -165,8 +165,9 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str, epil
     block loop (``compute_at``) before the elementwise math that reads its result: that math reads
     the C tile, and the result never goes to global memory (cuda_epilogue.py, ``fuse_epilogue``)."""
     store_operand_in(sch, block, dtype)
-    rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-3:])
-    whole = {0: rows % tile.bm == 0 and depth % tile.bk == 0, 1: depth % tile.bk == 0 and cols % tile.bn == 0}
+    rows, cols, depth = (sch.get(loop).extent for loop in sch.get_loops(block)[-3:])
+    cols, depth = int(cols), int(depth)  # rows may be symbolic, padded to whole tiles (lowering.hoisted_rows)
+    whole = {0: divides(rows, tile.bm) and depth % tile.bk == 0, 1: depth % tile.bk == 0 and cols % tile.bn == 0}
     if not epilogue:
         sch.pad_einsum(block, [tile.bm, tile.bn, tile.bk])
 
@@ -279,13 +280,13 @@ def fetches_its_operand(sch: Schedule, block, tile: TensorCoreTile, dtype: str) 
     fails the region cover that compute_at of the shared fetch checks (B=17, H=40 with 32 x 64
     tiles)."""
     a_buffer, w_buffer = (r.source for r in sch.get(block).reads[:2])
-    rows, _, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
+    rows, _, depth = (sch.get(loop).extent for loop in sch.get_loops(block))
     producers = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer)]
     if w_buffer.dtype != dtype or (a_buffer.dtype != dtype and not producers):
         return False  # an fp32 input: tensor cores take the storage dtype only
     if any(len(sch.get_consumers(p)) > 1 for p in producers):
         return False  # retyped to the storage dtype, it would change what its other readers see
-    return (rows % tile.bm == 0 and depth % tile.bk == 0) or all(is_pure_copy(sch, p) for p in producers)
+    return (divides(rows, tile.bm) and int(depth) % tile.bk == 0) or all(is_pure_copy(sch, p) for p in producers)
 
 
 def _inline_copies(sch: Schedule, block) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+import tvm
 from tvm.s_tir import Schedule
-from tvm.tirx import IterVar
+from tvm.sym.analyzer import Analyzer
+from tvm.tirx import IntImm, IterVar
 from tvm.tirx.analysis import undefined_vars
 
 from halstm.lowering import PackedLayout
@@ -102,6 +104,14 @@ def pow2_at_least(n: int) -> int:
 
 def is_reduction(sch: Schedule, block) -> bool:
     return any(iv.iter_type == IterVar.CommReduce for iv in sch.get(block).iter_vars)
+
+
+def divides(extent, n: int) -> bool:
+    """Whether ``n`` provably divides a loop's ``extent``, a number or an expression in a function's
+    sequence length (``lowering.hoisted_rows`` pads rows so that tiles divide them)."""
+    if isinstance(extent, (int, IntImm)):
+        return int(extent) % n == 0
+    return Analyzer().can_prove(tvm.tirx.floormod(extent, n) == 0)
 
 
 def is_pure_copy(sch: Schedule, block) -> bool:

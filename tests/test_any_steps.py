@@ -78,13 +78,14 @@ def test_steps_must_be_a_positive_integer_or_none():
 
 
 @pytest.mark.parametrize("batch", [1, 16, 64])
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("dtype, input_size", [("float16", 64), ("float16", 48), ("float32", 64)])
 @pytest.mark.parametrize("recipe", CUDA_RECIPES, ids=lambda r: r.name)
 @pytest.mark.parametrize("cell_type", BUILTIN.values(), ids=lambda c: c.__name__)
-def test_cuda_recipes_schedule_any_length(cell_type, recipe, dtype, batch):
+def test_cuda_recipes_schedule_any_length(cell_type, recipe, dtype, input_size, batch):
     """Scheduling (building is the GPU test's): the hoisted GEMMs' rows and the time loop symbolic,
-    on tensor cores (wgmma: a kernel a row tile, the tiles along the grid) and FFMA."""
-    cell = cell_type(64, 64)
+    on tensor cores (wgmma: a kernel a row tile, the tiles along the grid; WMMA where K = 48 is no
+    whole wgmma tile) and FFMA."""
+    cell = cell_type(input_size, 64)
     program = lower(cell, None, batch, dtype)
     if not recipe.is_applicable(program, H100):
         return
