@@ -19,13 +19,12 @@ columns (bias gradients) run down the rows a strip of columns a task, its transp
 from __future__ import annotations
 
 from tvm.s_tir import Schedule
-from tvm.sym.analyzer import Analyzer
-from tvm.tirx import IntImm, floormod
+from tvm.tirx import IntImm
 
 from halstm.lowering import PackedLayout
 
-from .recipe import (Recipe, activations, child_blocks, inline_elementwise, is_reduction, merge_next_states,
-                     reduces_columns, transposing_nest)
+from .recipe import (Recipe, activations, child_blocks, divides, inline_elementwise, is_reduction,
+                     merge_next_states, reduces_columns, transposing_nest)
 
 
 class CpuStepLoop(Recipe):
@@ -92,15 +91,7 @@ def _all_rows_tile(sch: Schedule, block, knobs: dict, target) -> int:
     if isinstance(extent, IntImm):
         return rows if fits and int(extent) % rows == 0 else knobs["rows"]
     candidates = ([rows] if fits else []) + list(range(knobs["rows"], 0, -1))
-    return next(r for r in candidates if _divides(extent, r))
-
-
-def _divides(extent, d: int) -> bool:
-    """Whether ``d`` divides the loop extent (a number, or an expression in the sequence length)
-    for every value it takes."""
-    if isinstance(extent, IntImm):
-        return int(extent) % d == 0
-    return Analyzer().can_prove(floormod(extent, d) == 0)
+    return next(r for r in candidates if divides(extent, r))
 
 
 def _micro_kernel(sch: Schedule, block, rows: int, cols: int, panel: int) -> None:
@@ -116,8 +107,8 @@ def _micro_kernel(sch: Schedule, block, rows: int, cols: int, panel: int) -> Non
     extent = sch.get(b).extent
     if isinstance(extent, IntImm):  # a panel past the rows is tasks with nothing to do
         panel = min(panel, int(extent))
-    elif _divides(extent, rows):
-        panel = next(m * rows for m in range(max(1, panel // rows), 0, -1) if _divides(extent, m * rows))
+    elif divides(extent, rows):
+        panel = next(m * rows for m in range(max(1, panel // rows), 0, -1) if divides(extent, m * rows))
     b_panel, b_outer, b_inner = sch.split(b, [None, max(1, panel // rows), rows])
     n_outer, n_inner = sch.split(n, [None, cols])
     sch.reorder(b_panel, n_outer, b_outer, k, b_inner, n_inner)
