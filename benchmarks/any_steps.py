@@ -4,6 +4,7 @@ both are timed side by side at each shape's T (medians of alternating rounds), o
 
     python benchmarks/any_steps.py [--device cuda|cpu] [--cells LSTM,GRU] [--dtypes float16,float32]
                                    [--shapes 100x1x256,100x16x512] [--recipes cuda-persistent,...]
+    python benchmarks/any_steps.py --backward ...    # compile_backward for any T against fixed T
 
 On the GPU every function is compiled in parallel worker processes first (``benchmarks/gpu.py``'s
 ``Built``); the CPU compiles in this process.
@@ -84,6 +85,30 @@ def timed_pair(run_fixed, run_any, device: str, rounds: int = 15) -> tuple[float
     return float(np.median(times[0])), float(np.median(times[1]))
 
 
+def backward_pairs(args, target, device: str) -> None:
+    """The backward (``halstm.compile_backward``) for any T against the fixed-T one, compiled in
+    this process: their results compared, then both timed (prepared calls, the reversed loop and
+    the functions around it)."""
+    print("| cell | T | B | H | dtype | fixed backward ms | any T ms | any / fixed | any T against fixed |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in args.cells.split(","):
+        for T, B, H in parse(args.shapes):
+            for dtype in args.dtypes.split(","):
+                cell, tf32 = CELLS[name](H, H), dtype == "tf32"
+                options = dict(dtype=storage(dtype), target=target, allow_tf32=tf32)
+                forward = halstm.compile(cell, T, B, **options)
+                fixed, anyb = (halstm.compile_backward(cell, steps, B, **options) for steps in (T, None))
+                x, p, s = inputs(cell, T, B, dtype, 0, device)
+                seqs = forward.sequences(x, p, s)
+                grads = {k: torch.randn_like(v) for k, v in seqs.items()}
+                want, got = fixed(x, p, seqs, grads), anyb(x, p, seqs, grads)
+                flat = lambda r: [r[0], *r[1].values(), *r[2].values()]  # noqa: E731
+                error = max(rel(g.double().cpu().numpy(), w.double().cpu().numpy()) for g, w in zip(flat(got), flat(want)))
+                a, b = timed_pair(fixed.prepare(x, p, seqs, grads), anyb.prepare(x, p, seqs, grads), device)
+                print(f"| {name} | {T} | {B} | {H} | {dtype} | {a:.3f} | {b:.3f} | {b / a:.3f} | {error:.1e} |",
+                      flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -91,6 +116,7 @@ def main():
     parser.add_argument("--dtypes", default=None, help="default: float16,float32 on cuda, float32 on cpu")
     parser.add_argument("--shapes", default=None, help="TxBxH,... (I = H)")
     parser.add_argument("--recipes", default=None, help="default: cuda-persistent,cuda-step-loop or cpu-step-loop")
+    parser.add_argument("--backward", action="store_true", help="the backward (compile_backward) instead")
     args = parser.parse_args()
     device = args.device
     args.dtypes = args.dtypes or ("float16,float32" if device == "cuda" else "float32")
@@ -98,6 +124,8 @@ def main():
     args.recipes = args.recipes or ("cuda-persistent,cuda-step-loop" if device == "cuda" else "cpu-step-loop")
     target = CudaTarget("sm_90", sms=torch.cuda.get_device_properties(0).multi_processor_count) \
         if device == "cuda" else halstm.targets.resolve("cpu")
+    if args.backward:
+        return backward_pairs(args, target, device)
     pairs = jobs(args, target)
     if device == "cuda":
         built = Built([job for pair in pairs for job in pair], target, workers=os.cpu_count() or 1)
