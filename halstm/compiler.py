@@ -98,15 +98,16 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     return cache.forward(program, target, recipe, knobs, record, build)
 
 
-def check_problem(cell: Cell, steps, batch, dtype) -> None:
-    """Reject a cell, shape or dtype that cannot be compiled, naming what is wrong."""
+def check_problem(cell: Cell, steps, batch, dtype, any_steps: bool = True) -> None:
+    """Reject a cell, shape or dtype that cannot be compiled, naming what is wrong; ``any_steps``:
+    steps may be None (a function for every sequence length)."""
     check_cell(cell)
     for name, value in (("steps", steps), ("batch", batch)):
-        if name == "steps" and value is None:
-            continue  # any sequence length
+        if name == "steps" and value is None and any_steps:
+            continue
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer{' or None (any)' * (name == 'steps')}, "
-                             f"got {value!r}")
+            either = " or None (any)" if name == "steps" and any_steps else ""
+            raise ValueError(f"{name} must be a positive integer{either}, got {value!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
 

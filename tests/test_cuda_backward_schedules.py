@@ -53,19 +53,23 @@ def _accesses(func) -> list:
 
 def _excess_sectors(func) -> int:
     """The most 32-byte sectors a warp's access (threadIdx.x 0..31, every other variable 0) touches
-    past those of 32 consecutive elements and one more (where they straddle a sector): 0 where the
-    kernel's accesses are all coalesced, 27 for fp32 where consecutive threads are rows apart."""
+    past those of 32 consecutive elements (32 vectors of them, for a vector access) and one more
+    (where they straddle a sector): 0 where the kernel's accesses are all coalesced, 27 for fp32
+    where consecutive threads are rows apart."""
     worst = 0
     for buffer, index in _accesses(func):
-        index = index.base if isinstance(index, tvm.tirx.Ramp) else index  # a vector: its first lane
+        lanes = int(index.lanes) if isinstance(index, tvm.tirx.Ramp) else 1
+        stride = index.stride if isinstance(index, tvm.tirx.Ramp) else 0
+        first = index.base if isinstance(index, tvm.tirx.Ramp) else index
         size = tvm.DataType(buffer.dtype).bits // 8
         touched = set()
-        for lane in range(WARP):
+        for thread in range(WARP):
             analyzer = sym.Analyzer()
-            for v in undefined_vars(index, []):
-                analyzer.bind(v, lane if v.name == "threadIdx.x" else 0)
-            touched.add(analyzer.simplify(index).value * size // SECTOR)
-        worst = max(worst, len(touched) - (WARP * size // SECTOR + 1))
+            for v in undefined_vars(first, []):
+                analyzer.bind(v, thread if v.name == "threadIdx.x" else 0)
+            for lane in range(lanes):
+                touched.add(analyzer.simplify(first + lane * stride).value * size // SECTOR)
+        worst = max(worst, len(touched) - (WARP * lanes * size // SECTOR + 1))
     return worst
 
 

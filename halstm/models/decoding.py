@@ -73,6 +73,11 @@ class DecodeProgram:
     dtype = FLOAT
     allow_tf32 = False
 
+    @property
+    def nominal_steps(self) -> int:
+        """The steps the recipes' choices are made for (``Program.nominal_steps``): its own."""
+        return self.steps
+
 
 class _Splitter:
     """Answers ``matmul(a, weight)``: one GEMM a step over the parts of ``a`` that depend on the
