@@ -348,7 +348,9 @@ def _prepare_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
     the forward's values at that step; one step more, zeros but for the initial states where the
     adjoint reads the states after a step."""
     cell, forward, H, adjoint = plan.cell, plan.forward, plan.cell.hidden_size, plan.adjoint
-    step = trace_step(forward, T * B, dtype, layout)
+    # where T is any, the first stage's GEMMs over the rows padded as the hoisted GEMMs' (``hoisted_rows``):
+    # a GEMM tile then divides them (over n_steps * B rows its tiles' shared stages had symbolic sizes)
+    step = trace_step(forward, T * B, dtype, layout, rows=_hoisted_rows(T, B)[0] if _any(T) else None)
     after = [te.placeholder((T * B, H), dtype, name=f"{s}_after") for s in cell.states] if adjoint.reads_next else []
     grads = [te.placeholder((T * B, H), dtype, name=f"g{s}_t") for s in cell.states]
     source = {g.name: step.x_proj[g.name] for g in forward.hoisted}
@@ -358,6 +360,7 @@ def _prepare_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
     if forward.x_in_step:
         source["x"] = step.x
     rows = T * B
+    padded = {g.name for g in forward.gemms if g.stage == 1} if _any(T) else set()
 
     def at(r, j):  # lazy selects: TVM simplifies a read's index under the conditions that select it
         row, zero = _reversed_row(r, T, B), te.const(0, ACCUMULATE)
@@ -366,7 +369,10 @@ def _prepare_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
             extra = zero  # the extra step's: zeros, but the initial states where the adjoint reads S_{t+1}
             if name.endswith("_next"):
                 extra = step.states[cell.states.index(name[:-5])][r % B, j - start].astype(ACCUMULATE)
-            read = te.if_then_else(r < rows, source[name][row, j - start].astype(ACCUMULATE), extra)
+            # a GEMM over padded rows (T any) read at max(row, 0): its read region then spans the buffer,
+            # where TVM 0.27 did not prove T*B rows within the padded ones (the scope was no stage pipeline)
+            at_row = tvm.tirx.max(row, 0) if name in padded else row
+            read = te.if_then_else(r < rows, source[name][at_row, j - start].astype(ACCUMULATE), extra)
             value = te.if_then_else(j < start + width, read, value)
         return value.astype(dtype)
 
@@ -510,11 +516,14 @@ def _weights(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout, ke
     args += _x_in_step_args(forward, T, B)
     args += [_sequence("dx", T, B, 0, cell.input_size, dtype, "output")]
     args += [Arg(f"d{p}", tuple(shape), dtype, "output") for p, shape in shapes.items()]
-    allocs = [f'w_packed_t{i} = T.alloc_buffer({layout.shape(g.rows, g.depth)}, "{dtype}")'
-              for i, g in enumerate(forward.gemms) if g.stage == 0]
-    allocs += [f'w_packed_a{i} = T.alloc_buffer({layout.shape(T * B, g.depth)}, "{between}")'
+    # where T is any, the weight gradients' K (the rows) padded as the hoisted GEMMs' rows, and the
+    # hoisted GEMMs' transposed weights the prologue's alone (``_weights_prologue``)
+    k_rows = _hoisted_rows(T, B)[1] if _any(T) else T * B
+    allocs = [] if _any(T) else [f'w_packed_t{i} = T.alloc_buffer({layout.shape(g.rows, g.depth)}, "{dtype}")'
+                                 for i, g in enumerate(forward.gemms) if g.stage == 0]
+    allocs += [f'w_packed_a{i} = T.alloc_buffer(({", ".join(map(str, layout.shape(k_rows, g.depth)))}), "{between}")'
                for i, g in enumerate(forward.gemms)]
-    allocs += [f'd{g.name}_transposed = T.alloc_buffer(({g.rows}, {T * B}), "{between}")' for g in forward.gemms]
+    allocs += [f'd{g.name}_transposed = T.alloc_buffer(({g.rows}, {k_rows}), "{between}")' for g in forward.gemms]
     views = []
     if _any(T):  # the hoisted GEMMs' operand adjoints over padded rows, in the prologue (``_weights_prologue``)
         allocs += [f'grad_a_{g.name} = T.alloc_buffer(({_hoisted_rows(T, B)[1]}, {g.depth}), "{ACCUMULATE}")'
@@ -530,21 +539,34 @@ def _weights(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout, ke
 
 
 def _weights_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
-    """Every GEMM's operand over all rows and the hoisted GEMMs' weights, packed."""
+    """Every GEMM's operand over all rows and the hoisted GEMMs' weights, packed; where T is any, the
+    operands and the results' adjoints over the rows padded to a multiple of ROW_QUANTUM (the weight
+    gradients' K: ``_k_rows``) and the hoisted GEMMs' dA."""
     cell, forward, between = plan.cell, plan.forward, _between(plan, dtype)
     x, states, params = placeholders(cell, T * B, dtype)
     stored = {g.name: te.placeholder((T * B, g.depth), between, name=f"a_{g.name}_seq") for g in plan.recurrent}
     operands = {**trace_hoisted(forward, x, states, params, layout).operands, **stored}
     transposed = {g.name: _transposed(g, params, layout, f"w_packed_t{i}", plan.tf32)
                   for i, g in enumerate(forward.gemms) if g.stage == 0}
-    outputs = list(transposed.values())
-    outputs += [
-        _pack(lambda k, n, a=operands[g.name]: _operand(plan, dtype, a[k, n]), T * B, g.depth, layout, f"w_packed_a{i}")
-        for i, g in enumerate(forward.gemms)
-    ]
     d_results = [te.placeholder((T * B, g.rows), between, name=f"d{g.name}_seq") for g in forward.gemms]
-    outputs += [_transpose(d) for d in d_results]
-    if _any(T):
+    if not _any(T):
+        outputs = list(transposed.values())
+        outputs += [
+            _pack(lambda k, n, a=operands[g.name]: _operand(plan, dtype, a[k, n]), T * B, g.depth, layout,
+                  f"w_packed_a{i}")
+            for i, g in enumerate(forward.gemms)
+        ]
+        outputs += [_transpose(d) for d in d_results]
+    else:
+        # the weight gradients' K, T*B rows, padded to a multiple of ROW_QUANTUM (``_k_rows``), both operands
+        # zeros past T*B (0 * garbage can be NaN): a K tile of up to that many rows then divides it
+        k_rows = _k_rows(T, B)
+        outputs = [
+            _pack(lambda k, n, a=operands[g.name]: _zero_past(k, T * B, lambda: _operand(plan, dtype, a[k, n])),
+                  k_rows, g.depth, layout, f"w_packed_a{i}")
+            for i, g in enumerate(forward.gemms)
+        ]
+        outputs += [_transpose(d, k_rows) for d in d_results]
         # where T is any, the hoisted GEMMs' dA = dG W here, over their rows padded as the forward's
         # (``lowering.hoisted_rows``, dG read as zeros past its rows; the step reads the rows themselves):
         # a register tile then divides them whatever B, where over n_steps * B rows B=1 left one-row
@@ -568,14 +590,15 @@ def _weights_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
     x, states, params = placeholders(cell, rows, dtype)
     hoisted = trace_hoisted(forward, x, states, params, layout)
     d_results = {g.name: te.placeholder((rows, g.rows), between, name=f"d{g.name}_seq") for g in forward.gemms}
+    k_rows = _k_rows(T, B)
     packed = {
-        g.name: te.placeholder(layout.shape(rows, g.depth), between, name=f"w_packed_a{i}")
+        g.name: te.placeholder(layout.shape(k_rows, g.depth), between, name=f"w_packed_a{i}")
         for i, g in enumerate(forward.gemms)
     }
-    transposed = {
+    transposed = {  # where T is any, the prologue's alone
         g.name: te.placeholder(layout.shape(g.rows, g.depth), dtype, name=f"w_packed_t{i}")
         for i, g in enumerate(forward.gemms)
-        if g.stage == 0
+        if g.stage == 0 and not _any(T)
     }
     d_steps = {p: te.placeholder((1, _numel(params[p].shape)), ACCUMULATE, name=f"d{p}_sum") for p in kept}
     d_x_steps = [te.placeholder((rows, cell.input_size), ACCUMULATE, name="dx_seq")] if forward.x_in_step else []
@@ -586,7 +609,7 @@ def _weights_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
         d_operands = [_gemm(d_results[g.name], transposed[g.name], layout, g.depth, f"grad_a_{g.name}")
                       for g in forward.hoisted]
     dx, *found = adjoints([hoisted.operands[g.name] for g in forward.hoisted], d_operands, [x, *params.values()])
-    by_row = {g.name: te.placeholder((g.rows, rows), between, name=f"d{g.name}_transposed") for g in forward.gemms}
+    by_row = {g.name: te.placeholder((g.rows, k_rows), between, name=f"d{g.name}_transposed") for g in forward.gemms}
     d_weights = {
         g.name: _weight_gemm(by_row[g.name], packed[g.name], layout, g.depth, f"grad_w_{g.name}")
         for g in forward.gemms
@@ -629,8 +652,24 @@ def _from_row(t: te.Tensor, start: int):
     return lambda n, k: t[n + start, k]
 
 
-def _transpose(t: te.Tensor) -> te.Tensor:
-    return te.compute((t.shape[1], t.shape[0]), lambda n, r: t[r, n], name=f"{t.op.name.removesuffix('_seq')}_transposed")
+def _transpose(t: te.Tensor, rows=None) -> te.Tensor:
+    """t transposed; with ``rows``, over that many of its rows, zeros past its own."""
+    name = f"{t.op.name.removesuffix('_seq')}_transposed"
+    if rows is None:
+        return te.compute((t.shape[1], t.shape[0]), lambda n, r: t[r, n], name=name)
+    return te.compute((t.shape[1], rows), lambda n, r: te.if_then_else(r < t.shape[0], t[r, n], te.const(0, t.dtype)),
+                      name=name)
+
+
+def _zero_past(r, rows, value):
+    """value() where r < rows, else a zero of its dtype."""
+    v = value()
+    return te.if_then_else(r < rows, v, te.const(0, str(v.ty)))
+
+
+def _k_rows(T, B: int):
+    """The weight gradients' K: T*B, or where T is any, T*B padded as the hoisted GEMMs' rows."""
+    return _hoisted_rows(T, B)[0] if _any(T) else T * B
 
 
 def _unflattened(flat: te.Tensor, shape) -> te.Tensor:

@@ -24,6 +24,7 @@ every sequence length, its buffers' rows and its time loop following the x it is
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import math
@@ -66,7 +67,10 @@ class Program:
 
     @property
     def mod(self) -> tvm.IRModule:
-        return tvm.IRModule({"main": self.func})
+        """A module of its own copy of ``func``: a schedule made on it changed the blocks of the
+        function it was given in place (TVM 0.27: a second ``recipe.apply`` of a backward's weights
+        function then failed), 14-70 ms a copy."""
+        return tvm.IRModule({"main": copy.deepcopy(self.func)})
 
     @property
     def longest(self) -> int:
@@ -306,10 +310,15 @@ def trace_hoisted(plan: Plan, x, states, params, layout: PackedLayout) -> Hoiste
     return Hoisted(gemms, operands, packed)
 
 
-def _padded(x: te.Tensor, rows) -> te.Tensor:
+def _first_rows(t: te.Tensor, rows, name: str) -> te.Tensor:
+    """t's first ``rows`` rows."""
+    return te.compute((rows, t.shape[1]), lambda r, n: t[r, n], name=name)
+
+
+def _padded(x: te.Tensor, rows, name: str = "x_padded") -> te.Tensor:
     """x with ``rows`` rows, zeros past its own (``x_padded``)."""
     return te.compute((rows, x.shape[1]), lambda r, k: te.if_then_else(r < x.shape[0], x[r, k], te.const(0, x.dtype)),
-                      name="x_padded")
+                      name=name)
 
 
 def _prologue(plan: Plan, steps: int | None, batch: int, dtype: str, layout: PackedLayout,
@@ -360,13 +369,15 @@ class StepTrace:
 
 
 def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodiff: bool = False,
-               given: dict | None = None) -> StepTrace:
+               given: dict | None = None, rows=None) -> StepTrace:
     """The step traced. A GEMM operand that is a state's float32 view is copied from the state itself,
     in its own dtype (the GEMM widens it): an fp16 state's tile is then a plain copy, which the
     tensor-core GEMM fetches 16 bytes at a time with cp.async, where a cast to fp32 and back was a load
     and two conversions. With ``autodiff`` the operands read the views, the ops the adjoints flow
     through. ``given``: GEMM results by name that the step reads instead of computing them (tensors
-    of (batch, rows) float32; their operands are still traced and recorded)."""
+    of (batch, rows) float32; their operands are still traced and recorded). ``rows``: the GEMMs it
+    computes over that many rows, their operands read as zeros past ``batch`` (the backward's
+    first-stage GEMMs over all T*B rows of a function for any T, padded as ``hoisted_rows``)."""
     cell, given = plan.cell, given or {}
     _, _, params = placeholders(cell, batch, dtype)
     x = te.placeholder((batch, cell.input_size), dtype, name="x_t")
@@ -378,7 +389,7 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodif
         for i, g in enumerate(plan.gemms)
         if g.stage > 0 and g.name not in given
     }
-    gemms, operands = {}, {}
+    gemms, operands, seen = {}, {}, {}
     views = [_math_view(s) for s in states]
     viewed = {} if autodiff else {view.op: s for view, s in zip(views, states)}
 
@@ -390,10 +401,18 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodif
         if gemm.stage == 0:
             return x_proj[gemm.name]
         if gemm.name not in gemms:
-            operand = _operand(viewed.get(a.op, a), gemm, layout.of(gemm))
+            source = viewed.get(a.op, a)
+            if rows is None:
+                operand = _operand(source, gemm, layout.of(gemm))
+            elif layout.of(gemm).tf32x3:
+                operand = _operand(_padded(source, rows, f"{gemm.name}_padded"), gemm, layout.of(gemm))
+            else:  # one block, the operand itself (a padding block apart failed to inline into its copy)
+                operand = _padded(source, rows, f"{gemm.name}_operand")
             gemms[gemm.name] = _gemm(operand, packed[gemm.name], layout.of(gemm), gemm.rows, gemm.name)
             operands[gemm.name] = a
-        return gemms[gemm.name]
+            if rows is not None:  # the step's math reads its own rows
+                seen[gemm.name] = _first_rows(gemms[gemm.name], batch, f"{gemm.name}_rows")
+        return seen.get(gemm.name, gemms[gemm.name])
 
     traced = _trace_with(plan, x, views, params, gemm_result, layout)
     return StepTrace(x_proj, states, params, packed, gemms, operands, traced, x if plan.x_in_step else None)

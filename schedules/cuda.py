@@ -31,8 +31,8 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import PackedLayout
 
-from .cuda_blocks import (bind_column_reduction, bind_flat, bind_reduction, bind_row_copy, schedule_transpose,
-                          whole_slices)
+from .cuda_blocks import (bind_column_reduction, bind_flat, bind_reduction, bind_row_copy, column_slice,
+                          schedule_transpose)
 from .cuda_epilogue import epilogue_units, fuse_epilogue
 from .cuda_ffma import hoisted_tile, step_tile
 from .cuda_gemm import (PIPELINED_K_BYTES, PIPELINED_K_TILES, STEP_K_BYTES, STEP_WARPS_M, STEP_WIDE_COLUMNS,
@@ -281,10 +281,11 @@ class CudaStepLoop(Recipe):
                            if not (sch.get(b).name_hint in operands and is_pure_copy(sch, b))]
             elementwise = merge_next_states(sch, sch.get_sblock(scope), elementwise)
             # before the GEMMs: rfactor refuses a scope that holds a tensorized GEMM's block
-            columns = [b for b in elementwise if reduces_columns(sch, b) and whole_slices(sch, b, k["threads"])]
+            columns = {b: column_slice(sch, b, k["threads"]) for b in elementwise if reduces_columns(sch, b)}
+            columns = {b: rows for b, rows in columns.items() if rows}
             elementwise = [b for b in elementwise if b not in columns]
-            for block in columns:
-                bind_column_reduction(sch, block, k["threads"])
+            for block, rows in columns.items():
+                bind_column_reduction(sch, block, k["threads"], rows)
             for gemm in gemms:
                 fused = fuse_epilogue(sch, gemm, k, program, target) if scope == "step" else set()
                 if not fused:

@@ -7,10 +7,10 @@ tiles (``schedule_transpose``: the packed weights, the backward's transposed cop
 from __future__ import annotations
 
 from tvm.s_tir import Schedule
-from tvm.tirx import IterVar
+from tvm.tirx import IntImm, IterVar, floordiv
 
 from .cuda_tensorcore import WARP
-from .recipe import pow2_at_least, transposing_nest
+from .recipe import divides, pow2_at_least, transposing_nest
 
 
 def bind_flat(sch: Schedule, block, threads: int) -> None:
@@ -52,8 +52,10 @@ def bind_reduction(sch: Schedule, block, threads: int) -> None:
     spatial, reduced = loops[: len(loops) - reduce], loops[len(loops) - reduce:]
     elements = 1
     for loop in reduced:
-        elements *= sch.get(loop).extent.value
-    width = min(threads, max(WARP, pow2_at_least(elements)))
+        elements *= sch.get(loop).extent
+    # over rows of symbolic extent (a function for any T: n_steps * B), every thread of the block
+    fixed = isinstance(elements, int | IntImm)
+    width = min(threads, max(WARP, pow2_at_least(int(elements)))) if fixed else threads
     _, tx = sch.split(sch.fuse(*reduced) if len(reduced) > 1 else reduced[0], [None, width])
     if spatial:
         sch.bind(sch.fuse(*spatial) if len(spatial) > 1 else spatial[0], "blockIdx.x")
@@ -61,22 +63,28 @@ def bind_reduction(sch: Schedule, block, threads: int) -> None:
 
 
 COLUMN_SLICE = 64  # rows a thread sums in a column reduction's first kernel
+MIN_COLUMN_SLICE = 8  # the fewest, where symbolic rows take no COLUMN_SLICE (``column_slice``)
 
 
-def whole_slices(sch: Schedule, block, threads: int) -> bool:
-    """Whether a ``reduces_columns`` block's first kernel splits without remainder (its rows into
-    COLUMN_SLICE slices, slices x columns into thread blocks): a remainder's predicates leave the
-    scope no stage pipeline for a tensor-core GEMM's compute_at (TVM 0.27: ResetBeforeGRU fp16
-    T=5, B=16, H=32); such a block keeps ``bind_reduction``."""
-    columns, rows = (sch.get(loop).extent.value for loop in sch.get_loops(block))
-    return rows % COLUMN_SLICE == 0 and rows // COLUMN_SLICE * columns % threads == 0
+def column_slice(sch: Schedule, block, threads: int) -> int:
+    """The rows a thread sums in a ``reduces_columns`` block's first kernel where it splits without
+    remainder (its rows into slices, slices x columns into thread blocks), else 0: a remainder's
+    predicates leave the scope no stage pipeline for a tensor-core GEMM's compute_at (TVM 0.27:
+    ResetBeforeGRU fp16 T=5, B=16, H=32); such a block keeps ``bind_reduction``. COLUMN_SLICE rows,
+    or where the rows are symbolic (n_steps * B, a function for any T), the most of COLUMN_SLICE,
+    its halves down to MIN_COLUMN_SLICE that divide them for every T (B's power-of-two factor)."""
+    columns, rows = (sch.get(loop).extent for loop in sch.get_loops(block))
+    slices = [COLUMN_SLICE]
+    while not isinstance(rows, IntImm) and slices[-1] > MIN_COLUMN_SLICE:
+        slices.append(slices[-1] // 2)
+    return next((n for n in slices if divides(rows, n) and divides(floordiv(rows, n) * columns, threads)), 0)
 
 
-def bind_column_reduction(sch: Schedule, block, threads: int) -> None:
+def bind_column_reduction(sch: Schedule, block, threads: int, rows: int = COLUMN_SLICE) -> None:
     """A ``reduces_columns`` block out[j] = sum over r of in[r, j] in two kernels whose warps read
     consecutive columns (whole lines):
 
-        partial[s, j] = sum of in[r, j] over the COLUMN_SLICE rows of slice s    (rfactor)
+        partial[s, j] = sum of in[r, j] over the ``rows`` rows of slice s         (rfactor)
             a thread an (s, j) (bind_flat, columns inner), its sum in a register
         out[j] = sum over s of partial[s, j]
             WARP columns a thread block (threadIdx.x), threads / WARP lanes (threadIdx.y)
@@ -86,8 +94,8 @@ def bind_column_reduction(sch: Schedule, block, threads: int) -> None:
     thread loop, its copy to partial went past the columns (TVM 0.27 left it unguarded). One
     thread block a column, its threads striding over rows (bind_reduction), loaded a 32-byte
     sector an element: 178 us for 6400 x 4096 float32 on an H200."""
-    _, rows = sch.get_loops(block)
-    partial = sch.rfactor(sch.split(rows, [None, COLUMN_SLICE])[0], factor_axis=0)
+    _, loop = sch.get_loops(block)
+    partial = sch.rfactor(sch.split(loop, [None, rows])[0], factor_axis=0)
     column, piece, within = sch.get_loops(partial)
     sch.reorder(piece, column)
     sch.reverse_compute_at(sch.cache_write(partial, 0, "local"), column)

@@ -27,8 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm.s_tir import Schedule
+from tvm.tirx import IntImm
 
-from .recipe import is_pure_copy, pow2_at_least
+from .recipe import divides, is_pure_copy, pow2_at_least
 
 VECTOR = 4  # elements a thread fetches at once into shared memory
 
@@ -76,8 +77,12 @@ def gemm_tiled(sch: Schedule, block, tile: GemmTile, views=()) -> None:
     staged and then inlined into its tile: at B=64, H=1024 unstaged states left the step GEMM at
     6.6 TFLOP/s (H100, ncu)."""
     b, n, k = sch.get_loops(block)
-    cols, depth = (int(sch.get(loop).extent) for loop in (n, k))
-    bk = min(tile.bk, depth)
+    cols, depth = (sch.get(loop).extent for loop in (n, k))
+    cols = int(cols)
+    # a symbolic K (the backward's weight gradients over T*B rows for any T, padded to a multiple of
+    # ROW_QUANTUM: ``backward._k_rows``) is split by the K tile exactly
+    depth = int(depth) if isinstance(depth, IntImm) else depth
+    bk = min(tile.bk, depth) if isinstance(depth, int) else tile.bk
 
     tiles = []
     for index, region in enumerate(sch.get(block).reads):
@@ -92,7 +97,7 @@ def gemm_tiled(sch: Schedule, block, tile: GemmTile, views=()) -> None:
             sch.transform_layout(staged, ("write", 0), lambda n, k: (k, n))
             tiles.append((staged, True, cols % VECTOR == 0))
         else:
-            tiles.append((staged, False, depth % VECTOR == 0 and bk % VECTOR == 0))
+            tiles.append((staged, False, divides(depth, VECTOR) and bk % VECTOR == 0))
 
     b, n, k = sch.get_loops(block)
     b_block, b_thread, b_inner = sch.split(b, [None, tile.bm // tile.tm, tile.tm])

@@ -8,11 +8,15 @@ GEMMs.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
+from tvm.tirx import IntImm
 
-from .cuda_ffma import gemm_tiled, hoisted_tile, step_tile
+from .cuda_ffma import GemmTile, gemm_tiled, hoisted_tile, step_tile
 from .cuda_tensorcore import BYTES, TensorCoreTile, fetches_its_operand, gemm_tensorcore, tensor_cores_available
+from .recipe import divides
 from .wgmma import WgmmaTile, gemm_wgmma, wgmma_available, wgmma_tile
 
 # the step GEMM uses tensor cores from one full 16-row fragment up: below, most of each mma_sync
@@ -183,20 +187,40 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     ``use_tensor_cores`` allows: wgmma's where it applies (``_wgmma_tile``, ``gemm_wgmma``), else
     WMMA's where the tile can fetch its operand; else the FFMA tile."""
     rows = rows_and_gemms(program, step)[0]
-    if use_tensor_cores(knobs, program, target, rows if step else None):
+    # symbolic extents (the backward's functions for any T): tensorize matches fixed extents only, so a
+    # symbolic K (the weight gradients' T*B rows) goes to FFMA, and symbolic rows to tensor cores only
+    # where the tile's rows divide them (``_divides_rows``)
+    m, _, k = (sch.get(loop).extent for loop in sch.get_loops(block)[-3:])
+    if isinstance(k, IntImm) and use_tensor_cores(knobs, program, target, rows if step else None):
         cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-2:])
         wgmma = _wgmma_tile(knobs, program, target, rows, cols, depth, step, tf32_gemms(program, step))
-        if wgmma is not None and gemm_wgmma(sch, block, wgmma, program.dtype):
+        if wgmma is not None and _divides_rows(m, wgmma.bm) and gemm_wgmma(sch, block, wgmma, program.dtype):
             return
         if step:
             tile = step_tensor_core_tile(knobs, rows, cols, target)
         else:
             tile = hoisted_tensor_core_tile(knobs).for_rows(rows)
-        if fetches_its_operand(sch, block, tile, program.dtype) and _schedules(gemm_tensorcore, sch, block, tile,
-                                                                                program.dtype):
+        if (_divides_rows(m, tile.bm) and fetches_its_operand(sch, block, tile, program.dtype)
+                and _schedules(gemm_tensorcore, sch, block, tile, program.dtype)):
             gemm_tensorcore(sch, block, tile, program.dtype)
             return
-    gemm_tiled(sch, block, step_tile(knobs, program.batch) if step else hoisted_tile(knobs), views)
+    tile = step_tile(knobs, program.batch) if step else hoisted_tile(knobs)
+    gemm_tiled(sch, block, tile if _divides_rows(m, tile.bm) else _row_tile_dividing(tile, m), views)
+
+
+def _divides_rows(rows, bm: int) -> bool:
+    """Whether a tile of ``bm`` rows serves a GEMM of ``rows`` rows: any number of them, or where they are
+    symbolic (n_steps * B, any T), a multiple of ``bm`` for every T (a predicated tile fails in TVM 0.27)."""
+    return isinstance(rows, IntImm) or divides(rows, bm)
+
+
+def _row_tile_dividing(tile: GemmTile, rows) -> GemmTile:
+    """``tile`` with the most rows, a power of two, that divide symbolic ``rows`` for every T (the
+    backward's GEMMs over n_steps * B rows: B's largest power-of-two factor, up to the tile's)."""
+    bm = tile.bm
+    while bm > 1 and not divides(rows, bm):
+        bm //= 2
+    return replace(tile, bm=bm, tm=min(tile.tm, bm))
 
 
 def _schedules(schedule, sch: Schedule, block, *args) -> bool:

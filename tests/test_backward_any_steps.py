@@ -5,7 +5,7 @@ before anything runs."""
 
 import numpy as np
 import pytest
-from conftest import TOLERANCE, random_inputs, rel_err
+from conftest import TF32_TOLERANCE, TOLERANCE, gpu_available, random_inputs, rel_err, representative
 
 import halstm
 from halstm.backward import BackwardProgram, lower_backward
@@ -127,11 +127,51 @@ def test_lengths_out_of_range_and_mismatched_sequences_are_refused(monkeypatch, 
     assert backward(x, params, seqs, grads)[0].shape == (3, 1, 4)
 
 
-@pytest.mark.xfail(strict=True, reason="the CUDA step-loop schedules read the rows of a GEMM or a column "
-                   "sum as a number (int(extent)): n_steps * B rows are symbolic")
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_cuda_schedules_of_the_any_length_functions_build(dtype):
+DTYPES = {"float16": ("float16", False), "float32": ("float32", False), "tf32": ("float32", True)}
+BUILD_CASES = [(c, *DTYPES[d], b) for c in BUILTIN.values() for d in DTYPES for b in (1, 16, 64)]
+BUILD_IDS = [f"{c.__name__}-{d}-B{b}" for c in BUILTIN.values() for d in DTYPES for b in (1, 16, 64)]
+BUILD_IN_CI = ["LSTM-float16-B16", "LSTM-tf32-B64", "LSTM-float32-B1", "ResetBeforeGRU-float16-B1",
+               "ResetBeforeGRU-tf32-B16", "LayerNormGRU-float16-B64", "PeepholeLSTM-float32-B16"]
+
+
+@pytest.mark.parametrize("cell_type, dtype, allow_tf32, batch", representative(BUILD_CASES, BUILD_IDS, BUILD_IN_CI))
+def test_cuda_schedules_of_the_any_length_functions_build(cell_type, dtype, allow_tf32, batch):
+    """The step-loop recipe schedules prepare, rows and weights over n_steps * B rows and nvcc compiles
+    them for an H100 (sm_90: wgmma where it applies): the GEMMs' rows and the weight gradients' K
+    padded to whole tiles, the column sums over symbolic rows, tensor-core schedules where their
+    tiles divide symbolic rows (running them is the GPU's test)."""
     target = CudaTarget("sm_90", sms=132)
-    recipe, knobs, program, scheduled = lower_backward_for(halstm.LSTM(64, 64), None, 16, dtype, target)
+    recipe, knobs, program, scheduled = lower_backward_for(cell_type(64, 64), None, batch, dtype, target,
+                                                           allow_tf32=allow_tf32)
+    assert program.steps is None
     for name, function in program.functions.items():
         target.build((scheduled.get(name) or recipe.apply(function, target, **knobs)).mod)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cell_type", [halstm.LSTM, halstm.GRU, halstm.ResetBeforeGRU, halstm.LayerNormLSTM],
+                         ids=lambda c: c.__name__)
+def test_one_cuda_backward_serves_every_length(cell_type, dtype, rng):
+    """On the GPU, torch tensors: one backward for any T against float64 at T = 1, 7, 30."""
+    import torch
+
+    storage, allow_tf32 = DTYPES[dtype]
+    tolerance = TF32_TOLERANCE if allow_tf32 else TOLERANCE[storage]
+    cell, batch = cell_type(48, 64), 16
+    options = dict(target="cuda", allow_tf32=allow_tf32, database=False)
+    forward = halstm.compile(cell, None, batch, storage, **options)
+    backward = compile_backward(cell, None, batch, storage, **options)
+    cuda = lambda a: torch.from_numpy(np.asarray(a, np.float32)).to(getattr(torch, storage)).cuda()  # noqa: E731
+    for T in (1, 7, 30):
+        x, params, states = random_inputs(cell, T, batch, rng, storage)
+        grads = {s: rng.standard_normal((T + 1, batch, cell.hidden_size)).astype(np.float32) for s in cell.states}
+        on_gpu = [{k: cuda(v) for k, v in d.items()} for d in (params, states, grads)]
+        seqs = forward.sequences(cuda(x), on_gpu[0], on_gpu[1])
+        dx, dparams, dstates = backward(cuda(x), on_gpu[0], seqs, on_gpu[2])
+        wx, wparams, wstates = reference_backward(cell, np.asarray(x, np.float64), params, states, grads)
+        assert rel_err(dx.float().cpu().numpy(), wx) < tolerance, (T, "x")
+        for name, value in {**wparams, **wstates}.items():
+            got = {**dparams, **dstates}[name].float().cpu().numpy()
+            assert rel_err(got, value) < tolerance, (T, name)

@@ -168,3 +168,16 @@ def test_grouped_columns_are_a_permutation_and_keep_the_math():
             assert np.array_equal(runs[0][s], runs[1][s]) and np.abs(runs[0][s][1:]).max() > 0.1
             assert np.array_equal(runs[0][s], runs[2][s]) and rel_err(runs[3][s], runs[0][s]) < 1e-6
             assert rel_err(runs[4][s], runs[0][s]) < 1e-6
+
+
+def test_applying_a_recipe_leaves_the_program_as_it_was():
+    """A schedule works on a copy of the lowered function: applied to a backward's weights function,
+    TVM's schedule had rewritten the program's own blocks, and a second apply failed."""
+    from halstm.backward import lower_backward
+
+    program = lower_backward(halstm.PeepholeLSTM(16, 16), 5, 2).weights
+    recipe, target = CpuStepLoop(), halstm.targets.resolve("cpu")
+    before = program.func.script()
+    first = recipe.apply(program, target).mod
+    assert program.func.script() == before
+    tvm.ir.assert_structural_equal(recipe.apply(program, target).mod, first)
