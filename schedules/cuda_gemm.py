@@ -8,6 +8,7 @@ GEMMs.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 from tvm.s_tir import Schedule
@@ -228,7 +229,7 @@ def _schedules(schedule, sch: Schedule, block, *args) -> bool:
     stands (``Schedule.copy`` failed inside TVM on some states): WMMA's padding of a GEMM can leave
     its scope no stage pipeline, and the shared fetch's ``compute_at`` then fails (the reversed loop
     of a cell with a layer norm and clamps, fp16, B=16, H=32), where FFMA serves."""
-    trial = Schedule(sch.mod)
+    trial = Schedule(copy.deepcopy(sch.mod))  # a schedule may rewrite the module it is given in place
     try:
         schedule(trial, trial.get_sblock(sch.get(block).name_hint), *args)
     except ScheduleError:
