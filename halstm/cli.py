@@ -44,6 +44,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _steps(text: str) -> int | None:
+    """A sequence length, or "any": a function for every length (``halstm.compile(cell, None, B)``)."""
+    if text == "any":
+        return None
+    try:
+        return _positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or any, got {text!r}") from None
+
+
 def _shape(text: str) -> tuple[int, int, int]:
     values = text.split(",")
     if len(values) != 3:
@@ -55,7 +65,8 @@ def _add_problem(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cell", required=True, help=CELL_HELP)
     p.add_argument("--input-size", type=_positive, required=True, help="I: features of x")
     p.add_argument("--hidden-size", type=_positive, required=True, help="H: size of each state")
-    p.add_argument("--steps", type=_positive, required=True, help="T: sequence length compiled for")
+    p.add_argument("--steps", type=_steps, required=True,
+                   help='T: sequence length compiled for; "any" (export): a module for every length')
     p.add_argument("--batch", type=_positive, required=True, help="B: sequences per call")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--target", default="cpu", choices=["cpu", "cuda"], help="cpu (default) or cuda")
@@ -232,6 +243,9 @@ def _bench(args) -> int:
 
 
 def _tune(args) -> int:
+    if args.steps is None:
+        raise CliError("tune times one sequence length: give --steps a number (a function for any length "
+                       "uses the record of the length nearest to 100)")
     cell, target = _problem(args)
     from .tuner import tune, tune_training
 

@@ -61,7 +61,17 @@ def test_sizes_are_positive_integers(option, value, tmp_path):
     args = ["export", "--cell", "GRU", *PROBLEM, "-o", "m.so"]
     args[args.index(option) + 1] = value
     line = error(args, 2, tmp_path)
-    assert f"argument {option}: expected a positive integer, got '{value}'" in line
+    either = " or any" if option == "--steps" else ""
+    assert f"argument {option}: expected a positive integer{either}, got '{value}'" in line
+
+
+def test_export_for_any_length_and_tune_refusing_it(tmp_path):
+    args = ["--cell", "GRU", *PROBLEM]
+    args[args.index("--steps") + 1] = "any"
+    code, out, err = halstm("export", *args, "-o", "m.so", cwd=tmp_path)
+    assert code == 0, err
+    assert "T=any" in out and json.loads((tmp_path / "m.so.json").read_text())["signature"]["steps"] is None
+    assert "tune times one sequence length" in error(["tune", *args], 2, tmp_path)
 
 
 def test_info_on_a_missing_module_says_the_module_is_missing(tmp_path):
