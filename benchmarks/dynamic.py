@@ -84,10 +84,17 @@ def main():
     summaries = []
     for run in ("first process", "second process"):
         print(run, flush=True)
-        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--child"], env=env, text=True,
-                             stdout=subprocess.PIPE, check=True).stdout
-        print("\n".join(line for line in out.splitlines() if not line.startswith("SUMMARY ")))
-        summaries.append(json.loads(next(line for line in out.splitlines() if line.startswith("SUMMARY "))[8:]))
+        done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--child"], env=env, text=True,
+                              stdout=subprocess.PIPE)
+        lines = done.stdout.splitlines()
+        print("\n".join(line for line in lines if not line.startswith("SUMMARY ")))
+        summary = next((line for line in lines if line.startswith("SUMMARY ")), None)
+        if done.returncode:
+            print(f"  the process exited with status {done.returncode}"
+                  f"{' after its loop' if summary else ''}", flush=True)
+        if summary is None:
+            return 1
+        summaries.append(json.loads(summary[8:]))
     print("\n| process | functions compiled | loaded from the cache | first step s | whole loop s | "
           "distinct T | forward / backward functions |")
     print("|---|---|---|---|---|---|---|")
@@ -97,4 +104,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
