@@ -28,7 +28,7 @@ from .compiler import compile as compile_cell
 from .lowering import lower
 from .oracle import _Evaluator
 from .plan import make_plan
-from .runtime import Arg, Pack, as_frame, check_array, check_names, on_cpu
+from .runtime import Arg, Pack, as_frame, check_array, check_names, on_cpu, steps_of
 
 
 @serialised
@@ -134,14 +134,8 @@ class CompiledBackward:
         p = self.program
         if p.steps is not None:
             return p.steps
-        shape = tuple(getattr(x, "shape", ()))
-        if len(shape) != 3:
-            check_array(x, "x", ("T", p.batch, p.plan.cell.input_size), p.dtype)  # raises, naming what x is
-        T, longest = int(shape[0]), min(p.longest, self.adjoint.signature.longest - 1)
-        if not 1 <= T <= longest:
-            raise ValueError(f"x: {T} steps; this backward takes 1 to {longest} (its buffers are indexed with "
-                             f"int32): use shorter calls")
-        return T
+        longest = min(p.longest, self.adjoint.signature.longest - 1)  # the reversed loop runs T + 1 steps
+        return steps_of(x, p.batch, p.plan.cell.input_size, p.dtype, longest)
 
     def __call__(self, x, params: dict, seqs: dict, grads: dict | None = None):
         buffers, finish, plan = self._bind(x, params, seqs, grads)

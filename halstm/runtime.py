@@ -132,7 +132,8 @@ class SequenceFunction:
         us, 28.1-28.5 before the argument plan (``_slots``), the cached dtype names and the shares that
         make no new tensor objects."""
         sig = self.signature
-        T, B, H = sig.steps or steps_of(x, sig), sig.batch, sig.hidden_size
+        T = sig.steps or steps_of(x, sig.batch, sig.input_size, sig.dtype, sig.longest)
+        B, H = sig.batch, sig.hidden_size
         frame = as_frame(x, self._device, self._cpu)
         check_array(x, "x", (T, B, sig.input_size), sig.dtype)
         params = check_names(params, "params", self._param_names, required=True)
@@ -161,15 +162,15 @@ class SequenceFunction:
         return functools.partial(self._main, *tensors), finish
 
 
-def steps_of(x, sig: Signature) -> int:
-    """T of a call to a function that serves any (``sig.steps`` None): x's first dimension, checked
-    against the longest sequence the function takes."""
+def steps_of(x, batch: int, input_size: int, dtype: str, longest: int) -> int:
+    """T of a call to a function that serves any: x's first dimension, checked against the longest
+    sequence the function takes."""
     shape = tuple(getattr(x, "shape", ()))
     if len(shape) != 3:
-        check_array(x, "x", ("T", sig.batch, sig.input_size), sig.dtype)  # raises, naming what x is
+        check_array(x, "x", ("T", batch, input_size), dtype)  # raises, naming what x is
     T = int(shape[0])
-    if not 1 <= T <= sig.longest:
-        raise ValueError(f"x: {T} steps; this function takes 1 to {sig.longest} (its buffers are indexed with "
+    if not 1 <= T <= longest:
+        raise ValueError(f"x: {T} steps; this function takes 1 to {longest} (its buffers are indexed with "
                          f"int32): use shorter calls, each starting from the last one's final states")
     return T
 
