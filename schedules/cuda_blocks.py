@@ -29,8 +29,8 @@ COPY_BYTES = 16  # what a thread of a row copy moves at once
 
 def bind_row_copy(sch: Schedule, block, threads: int, size: int) -> None:
     """A ``copies_rows`` block, COPY_BYTES a thread where a row holds whole vectors of them (``size``
-    bytes an element), else an element a thread (``bind_flat``). H200, the fp16 copy of x into the
-    hoisted GEMM's padded rows (``lowering.hoisted_rows``): see docs/results.md#any-sequence-length."""
+    bytes an element), else an element a thread (``bind_flat``). Not timed against one element a
+    thread."""
     rows, cols = sch.get_loops(block)
     lanes = COPY_BYTES // size
     if int(sch.get(cols).extent) % lanes:
