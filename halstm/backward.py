@@ -572,16 +572,10 @@ def _weights_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedL
         # a register tile then divides them whatever B, where over n_steps * B rows B=1 left one-row
         # tiles (LSTM (100,1,256), CPU: the weights function 1.37 ms against 0.90 at fixed T)
         rows = _hoisted_rows(T, B)[0]
-        outputs += [_gemm(_padded_rows(d, rows, f"d{g.name}_padded"), transposed[g.name], layout, g.depth,
+        outputs += [_gemm(_padded(d, rows, f"d{g.name}_padded"), transposed[g.name], layout, g.depth,
                           f"grad_a_{g.name}") for g, d in zip(forward.gemms, d_results) if g.stage == 0]
     inputs = [x, *params.values(), *stored.values(), *d_results]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
-
-
-def _padded_rows(t: te.Tensor, rows, name: str) -> te.Tensor:
-    """t with ``rows`` rows, zeros past its own."""
-    return te.compute((rows, t.shape[1]), lambda r, k: te.if_then_else(r < t.shape[0], t[r, k], te.const(0, t.dtype)),
-                      name=name)
 
 
 def _weights_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout, kept: list[str]):

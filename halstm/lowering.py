@@ -427,13 +427,13 @@ def _operand(a: te.Tensor, gemm: Gemm, layout: PackedLayout) -> te.Tensor:
     return tf32_split(a, name) if layout.tf32x3 else te.compute(a.shape, lambda b, k: a[b, k], name=name)
 
 
-_ANY_STEPS = tvm.tirx.Var(STEPS, "int32")
+_STEPS_VAR = tvm.tirx.Var(STEPS, "int32")
 
 
 def steps_var(steps: int | None):
     """T as lowering writes it into expressions: ``steps``, or the symbolic ``STEPS`` (one variable,
     which every expression of a function shares)."""
-    return _ANY_STEPS if steps is None else steps
+    return _STEPS_VAR if steps is None else steps
 
 
 ROW_QUANTUM = 128  # a function for any T pads its hoisted GEMMs' T*B rows to a multiple of this
