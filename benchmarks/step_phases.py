@@ -110,6 +110,7 @@ def main():
     ap.add_argument("--variants", nargs="*", default=[], choices=sorted(VARIANTS))
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
+    os.environ["HALSTM_CACHE"] = "0"  # a rewritten build must not load (nor be stored as) the plain one
     T, B, H = map(int, a.shape.split(","))
     cell, target = BUILTIN[a.cell](H, H), CudaTarget.detect()
     x, params, states = inputs(cell, T, B, a.dtype, seed=0)

@@ -126,7 +126,11 @@ class CudaPersistent(Recipe):
     ``warp_frags`` caps the 16-column fragments a warp accumulates on tensor cores (each operand
     fragment it loads feeds that many mma; ``block_gemm._warp_frags`` picks them); ``resident_weights`` keeps a
     warp's weight fragments in registers for all steps where at most MAX_RESIDENT_FRAGS fit;
-    ``poll_waiters`` puts one waiter a producer before the polled staging (``poll_operand``)."""
+    ``poll_waiters`` puts one waiter a producer before the polled staging (``poll_operand``);
+    ``merge_variances`` sums a variance of the step's own reductions in its mean's round
+    (``PersistentKernel.variances``). Prepared ms, fp16 T=100 I=H=512, merged / a round each, medians
+    of two processes each: H100 LayerNormGRU B=16 0.72-0.74 / 0.77-0.80, B=64 0.88-0.91 / 0.85-0.86,
+    LayerNormLSTM B=16 1.05-1.07 / 1.08-1.10, B=64 1.17-1.25 / 1.33-1.34."""
 
     name = "cuda-persistent"
     knobs = {
@@ -150,6 +154,8 @@ class CudaPersistent(Recipe):
         # as the step loop's knobs (cuda.py)
         "tc_hoisted_frags": (2, 4, 1),
         "wgmma": (True, False),
+        # a layer norm's variance summed in its mean's round (one grid sync for both), or a round after
+        "merge_variances": (True, False),
     }
     build_options = {"cooperative": True}
     switches = ("wgmma",)
@@ -193,9 +199,9 @@ class CudaPersistent(Recipe):
         (100,64,1024) 6.243 / 4.911, GRU 5.717 / 4.099; ResetBeforeGRU 5.005 / 7.138). Nor for a
         step with reductions of its own (a layer norm: ``PersistentKernel.reduce``), whose rounds of
         partial sums across the grid cost a grid sync each, where the step loop's row kernel reduces
-        a row in one block (H100 fp16 T=100 H=512, ms, this recipe / the step loop: LayerNormGRU
-        B=16 1.19 / 1.18, B=64 0.91 / 1.02; LayerNormLSTM, four rounds, B=16 1.14 / 1.13, B=64
-        1.35 / 1.13)."""
+        a row in one block (H100 fp16 T=100 H=512, whole calls, ms, this recipe with a round a sum /
+        the step loop: LayerNormGRU B=16 1.19 / 1.18, B=64 0.91 / 1.02; LayerNormLSTM B=16 1.14 /
+        1.13, B=64 1.35 / 1.13; the tuner measures both)."""
         k, step_loop = self.defaults(program, target), _step_loop_defaults(program, target)
         kernel = PersistentKernel.plan(program, target, k)
         if kernel.reductions:
@@ -224,9 +230,9 @@ class CudaPersistent(Recipe):
     def valid(self, program, target, knobs) -> bool:
         """It runs; tc_hoisted_frags stays at its first value where the hoisted GEMM is not on
         WMMA tensor cores, wgmma where there is none, stage_operand, poll_states, resident_weights
-        and poll_waiters where they change nothing (the operand is not staged anyway, or cannot
-        stream; no state is polled; no warp's weight fragments fit in registers): each would only
-        repeat a candidate."""
+        poll_waiters and merge_variances where they change nothing (the operand is not staged anyway,
+        or cannot stream; no state is polled; no warp's weight fragments fit in registers; no
+        variance): each would only repeat a candidate."""
         first = {n: knobs[n] == self.knobs[n][0] for n in ("tc_hoisted_frags", "wgmma")}
         hoisted = _prologue_knobs(program, target, knobs)
         wmma = use_tensor_cores(hoisted, program, target) and not on_wgmma(hoisted, program, target)
@@ -241,6 +247,9 @@ class CudaPersistent(Recipe):
         if not (knobs["resident_weights"] or any(g.fits_registers for g in kernel.gemms)):
             return False
         if knobs["poll_waiters"] and not kernel.polled:
+            return False
+        if not knobs["merge_variances"] and not PersistentKernel.plan(
+                program, target, {**knobs, "merge_variances": True}).variances:
             return False
         staged = PersistentKernel.plan(program, target, {**knobs, "stage_operand": True}).staged
         return knobs["stage_operand"] or staged and not kernel.staged

@@ -25,7 +25,8 @@ from halstm.runtime import STEPS
 
 from .block_gemm import FRAG, VECTOR, BlockGemm, staged_operands
 from .cuda_tensorcore import BYTES
-from .step_program import Elementwise, Reduction, RowMath, StepGemm, loads, packings, rewrite, step_blocks
+from .step_program import (Elementwise, Reduction, RowMath, StepGemm, loads, mean_of, packings, rewrite,
+                           step_blocks)
 from .tir_build import complete, loop, named, named_buffers, round_up, sync_grid, sync_threads, when, zero
 
 # Every shared buffer's size is a multiple of this many bytes. TVM merges the shared allocations
@@ -59,6 +60,7 @@ class PersistentKernel:
         self.operands = staged_operands(self.gemms)
         self.threads, self.units, self.row_blocks = knobs["threads"], knobs["units"], knobs["row_blocks"]
         self.poll, self.waiters = knobs["poll_states"], knobs["poll_waiters"]
+        self.merge_variances = knobs["merge_variances"]
         self.H = program.cell.hidden_size
         self.groups = self.H // self.units  # unit groups; block p_bx has group p_bx % groups
         self.rows = program.batch // self.row_blocks  # rows of the batch a block; from row p_bx // groups * rows
@@ -149,8 +151,7 @@ class PersistentKernel:
         out += [(f"x_s{i}", self.rows * C, "float32", "shared.dyn") for i, _, C in self.hoisted]
         out += [(f"{r.buffer}_s", self.rows, "float32", "shared.dyn") for r in self.reductions]
         if self.reductions:
-            out.append(("sum_s", max(len(level) * self.rows * max(self.units, self.lanes(len(level)))
-                                     for level in self.rounds()), "float32", "shared.dyn"))
+            out.append(("sum_s", self.scratch_size(), "float32", "shared.dyn"))
         out = [(name, round_up(size, SHARED_GRANULE // BYTES[dtype]), dtype, scope)
                for name, size, dtype, scope in out]
         # registers: the FFMA tile (the WMMA fragments: tensor_core_gemm)
@@ -179,7 +180,7 @@ class PersistentKernel:
         outputs = {f"{s}_next" for s in p.cell.states}
         allocs = [f'{b.buffer} = T.alloc_buffer(({B}, {H}), "float32")'
                   for b in self.blocks if isinstance(b, Elementwise) and b.buffer not in outputs]
-        allocs += [f'{r.buffer}_parts = T.alloc_buffer(({B}, {self.groups}), "float32")' for r in self.reductions]
+        allocs += [f'{r.buffer}_parts = T.alloc_buffer(({2 * B}, {self.groups}), "float32")' for r in self.reductions]
         shell = tvm.script.from_source(frame.source(_TIME_LOOP, allocs))
         self.buf = named_buffers(shell)
         self.steps = p.steps or self.buf[STEPS]  # the function's variable where it serves any T
@@ -264,6 +265,12 @@ class PersistentKernel:
     def global_row(self, r):
         """Row of the batch for local row r of this block."""
         return r if self.row_blocks == 1 else self.bx // self.groups * self.rows + r
+
+    def parts_row(self, r):
+        """Row of the reductions' ``parts`` for local row r in this step: the parts alternate between
+        two halves step by step, so that a block writing the next step's parts (one grid sync after
+        this step's) never writes where another still reads this step's."""
+        return self.t % 2 * self.p.batch + self.global_row(r)
 
     def flat(self, count: int, body, unroll: int = 1) -> None:
         """``body(q)`` for q in [0, count), shared out over the block's threads, the index clamped (no
@@ -538,18 +545,44 @@ class PersistentKernel:
                 sync_threads()
             self.reduce(list(blocks))
 
+    @functools.cached_property
+    def variances(self) -> dict[str, Reduction]:
+        """Each reduction that sums squared deviations from another's mean (``step_program.mean_of``: a
+        layer norm's variance), by buffer, with that mean's reduction: the two run in one round, each
+        unit group's deviations taken from its own mean and merged (``reduce``); none without the
+        knob merge_variances."""
+        reductions = self.reductions if self.merge_variances else []
+        return {r.buffer: m for r in reductions if (m := mean_of(r, reductions)) is not None}
+
     def rounds(self, reductions: list[Reduction] | None = None) -> list[list[Reduction]]:
         """Consecutive reductions of the step (``reductions``, or every run of them) in rounds: each
-        round those that read no reduction of a later one."""
+        round those that read no reduction of a later one, a variance in its mean's round."""
         if reductions is None:
             runs = itertools.groupby(self.blocks, lambda b: isinstance(b, Reduction))
             return [level for reduces, run in runs if reduces for level in self.rounds(list(run))]
         out, pending = [], list(reductions)
         while pending:
             names = {r.buffer for r in pending}
-            out.append([r for r in pending if not _reads(r) & names])
+            out.append([r for r in pending if not (_reads(r) - self._centre(r)) & names])
             pending = [r for r in pending if all(r is not done for done in out[-1])]
         return out
+
+    def _centre(self, r: Reduction) -> set[str]:
+        mean = self.variances.get(r.buffer)
+        return {mean.buffer} if mean else set()
+
+    def phases(self, level: list[Reduction]) -> list[list[Reduction]]:
+        """A round's reductions in the order ``reduce`` sums them: the means and other sums, then the
+        variances (each of a mean of the round), those that there are."""
+        return [phase for phase in ([r for r in level if r.buffer not in self.variances],
+                                    [r for r in level if r.buffer in self.variances]) if phase]
+
+    def scratch_size(self) -> int:
+        """Floats of ``sum_s``: a thread's term of every (reduction, row) of a round (the group sums'
+        of all its phases at once, the totals' of one)."""
+        return max(max(len(level) * self.rows * self.units, *(len(phase) * self.rows * self.lanes(len(phase))
+                                                               for phase in self.phases(level)))
+                   for level in self.rounds())
 
     def lanes(self, reductions: int) -> int:
         """Threads that add the unit groups' partial sums of one row of one reduction (``total``):
@@ -558,46 +591,82 @@ class PersistentKernel:
         return min(32, 1 << (min(room, self.groups).bit_length() - 1))
 
     def reduce(self, reductions: list[Reduction]) -> None:
-        """Consecutive reductions, in rounds (``rounds``): each block sums its own columns of its rows into the
-        round's ``parts`` (a row's partial sum a unit group, in global memory); after a grid sync,
-        each block adds the unit groups' parts of its rows into shared memory, where the step's
-        math reads them. Both sums in two passes over the block's threads, through ``sum_s``: a
-        thread a (row, unit) or (row, lane) term, then a thread a row adding them."""
+        """Consecutive reductions, in rounds (``rounds``), one grid sync a round: each block sums its
+        own columns of its rows into the round's ``parts`` (a row's partial sum a unit group, in global
+        memory); after the grid sync, each block adds the unit groups' parts of its rows into shared
+        memory, where the step's math reads them. Both sums in two passes over the block's threads,
+        through ``sum_s``: a thread a (row, unit) or (row, lane) term, then a thread a row adding them.
+        The parts alternate between two halves step by step (``parts_row``).
+
+        A variance's parts are each group's squared deviations from the group's own mean (its mean's
+        part over the group's n columns); with G groups, the row's mean's sum S and the groups' parts
+        s_g and q_g, the variance's sum is (Chan, Golub and LeVeque 1979)
+        sum_g q_g + sum_g (s_g - S / G)^2 / n."""
+        G = self.groups
+        group = self.bx if self.row_blocks == 1 else self.bx % G
         for level in self.rounds(reductions):
-            n, rows, U = len(level), self.rows, self.units
-            scratch = self.buf["sum_s"]
-            group = self.bx if self.row_blocks == 1 else self.bx % self.groups
-
-            def unit_term(r, local, u):  # the unit's columns of every gate the reduction spans
-                row, unit = self.global_row(local), self.first_unit + u
-                return functools.reduce(operator.add, (
-                    rewrite(self.on_chip(r, local, u, gate), [(r.row, row), (r.unit, gate * self.H + unit)], self.buf)
-                    for gate in range(r.width // self.H)))
-
-            self.over_items(level, U, lambda i, r, local, u: T.buffer_store(
-                scratch, unit_term(r, local, u), [(i * rows + local) * U + u]))
-            sync_threads()
-            self.over_items(level, 1, lambda i, r, local, _: T.buffer_store(
-                self.buf[f"{r.buffer}_parts"], _sum(scratch[(i * rows + local) * U + u] for u in range(U)),
-                [self.global_row(local), group]))
+            phases = self.phases(level)
+            for n, phase in enumerate(phases):
+                if n:  # the variances' terms read their means' group sums
+                    sync_threads()
+                self.group_sums(phase, phases[0], group, G)
             sync_grid()
-            L = self.lanes(n)
+            for phase in phases:
+                self.total(phase, G)
 
-            def lane_term(r, local, lane):  # groups lane, lane + L, ...
-                parts, row = self.buf[f"{r.buffer}_parts"], self.global_row(local)
-                terms = [parts[row, lane + m * L] for m in range(self.groups // L)]
-                if self.groups % L:
-                    last = lane + self.groups // L * L
-                    terms.append(T.if_then_else(last < self.groups, parts[row, T.min(last, self.groups - 1)],
-                                                T.float32(0)))
-                return _sum(terms)
+    def group_sums(self, phase: list[Reduction], first: list[Reduction], group, G: int) -> None:
+        """The block's part of each reduction of ``phase`` for each of its rows, into
+        ``<reduction>_parts[row, group]``; a variance's around the block's part of its mean, summed
+        again from the terms of the round's first phase (``first``), which the variances' terms
+        leave in place."""
+        rows, U, scratch = self.rows, self.units, self.buf["sum_s"]
+        at = 0 if phase is first else len(first) * rows * U
 
-            self.over_items(level, L, lambda i, r, local, lane: T.buffer_store(
-                scratch, lane_term(r, local, lane), [(i * rows + local) * L + lane]))
-            sync_threads()
-            self.over_items(level, 1, lambda i, r, local, _: T.buffer_store(
-                self.buf[f"{r.buffer}_s"], _sum(scratch[(i * rows + local) * L + lane] for lane in range(L)), [local]))
-            sync_threads()
+        def part(i, local, start=at):  # the block's part of reduction i of a phase (from ``start``), row local
+            return _sum(scratch[start + (i * rows + local) * U + u] for u in range(U))
+
+        def unit_term(r, local, u):  # the unit's columns of every gate the reduction spans
+            row, unit = self.global_row(local), self.first_unit + u
+            mean = self.variances.get(r.buffer)
+            centres = {} if mean is None else {
+                mean.buffer: part(next(n for n, m in enumerate(first) if m is mean), local, 0) * G}
+            return functools.reduce(operator.add, (
+                rewrite(self.on_chip(r, local, u, gate, centres), [(r.row, row), (r.unit, gate * self.H + unit)],
+                        self.buf)
+                for gate in range(r.width // self.H)))
+
+        self.over_items(phase, U, lambda i, r, local, u: T.buffer_store(
+            scratch, unit_term(r, local, u), [at + (i * rows + local) * U + u]))
+        sync_threads()
+        self.over_items(phase, 1, lambda i, r, local, _: T.buffer_store(
+            self.buf[f"{r.buffer}_parts"], part(i, local), [self.parts_row(local), group]))
+
+    def total(self, phase: list[Reduction], G: int) -> None:
+        """Each reduction of ``phase`` over the G groups' parts of each of the block's rows, into
+        ``<reduction>_s``; a variance's with each group's deviation from the mean (``reduce``)."""
+        rows, scratch, L = self.rows, self.buf["sum_s"], self.lanes(len(phase))
+
+        def lane_term(r, local, lane):  # groups lane, lane + L, ...
+            row, parts = self.parts_row(local), self.buf[f"{r.buffer}_parts"]
+            mean = self.variances.get(r.buffer)
+            if mean is None:
+                term = lambda g: parts[row, g]
+            else:
+                means, S = self.buf[f"{mean.buffer}_parts"], self.buf[f"{mean.buffer}_s"][local]
+                n = r.width // self.H * self.units
+                term = lambda g: parts[row, g] + (means[row, g] - S / G) * (means[row, g] - S / G) / T.float32(n)
+            terms = [term(lane + m * L) for m in range(G // L)]
+            if G % L:
+                last = lane + G // L * L
+                terms.append(T.if_then_else(last < G, term(T.min(last, G - 1)), T.float32(0)))
+            return _sum(terms)
+
+        self.over_items(phase, L, lambda i, r, local, lane: T.buffer_store(
+            scratch, lane_term(r, local, lane), [(i * rows + local) * L + lane]))
+        sync_threads()
+        self.over_items(phase, 1, lambda i, r, local, _: T.buffer_store(
+            self.buf[f"{r.buffer}_s"], _sum(scratch[(i * rows + local) * L + lane] for lane in range(L)), [local]))
+        sync_threads()
 
     def over_items(self, reductions: list[Reduction], per_row: int, body) -> None:
         """``body(i, reduction i, local row, j)`` for j < ``per_row`` of every row and reduction, a
@@ -626,13 +695,13 @@ class PersistentKernel:
                         value = T.call_extern(self.p.dtype, "halstm_not_sentinel", value)
                     T.buffer_store(self.buf[b.buffer], value, [row, unit])
 
-    def on_chip(self, b: RowMath, local, unit, first_gate: int = 0):
+    def on_chip(self, b: RowMath, local, unit, first_gate: int = 0, sums: dict | None = None):
         """``b``'s value with its reads of GEMM results and of the hoisted input projection at the own
         row and a gate column of the own unit (``unit + gate * H``) moved into their shared buffers:
         the row's place in the block (``local``), local column gate * U + the unit's place (``unit``),
         the gates counted from ``first_gate`` (a reduction's, over several gates); its reads of the
-        step's reductions, their sums of the row in shared memory. Other input-projection reads stay
-        global."""
+        step's reductions, their sums of the row in shared memory (or ``sums``' value by name). Other
+        input-projection reads stay global."""
         H, U = self.H, self.units
         gemms = {g.name: g for g in self.gemms}
         hoisted = {f"{name}_t": (i, C) for i, name, C in self.hoisted}
@@ -649,7 +718,7 @@ class PersistentKernel:
                 i, C = hoisted[name]
                 return self.buf[f"x_s{i}"][local * C + gate + unit]
             if name in reductions:
-                return self.buf[f"{name}_s"][local]
+                return sums[name] if sums and name in sums else self.buf[f"{name}_s"][local]
             return load
 
         return tvm_ffi.structural_map(b.value, (TensorLoad, read))

@@ -189,6 +189,26 @@ def _row_sum(block, ivs, B: int, H: int) -> Reduction | None:
     return Reduction(store.buffer.name, ivs[0], ivs[1], update.b, kinds[1][1])
 
 
+def mean_of(variance: Reduction, reductions: list[Reduction]) -> Reduction | None:
+    """The reduction among ``reductions`` whose mean ``variance`` centres on, where ``variance`` sums
+    squared deviations from it, ``(v - mean[row] / N) * (v - mean[row] / N)`` with ``mean`` the sum
+    of the same ``v`` over the same N columns (a layer norm's two sums); else None."""
+    value = variance.value
+    if not (isinstance(value, tirx.Mul) and tvm_ffi.structural_equal(value.a, value.b) and isinstance(value.a, tirx.Sub)):
+        return None
+    v, centre = value.a.a, value.a.b
+    if not (isinstance(centre, tirx.Div) and isinstance(centre.a, TensorLoad) and isinstance(centre.b, tirx.FloatImm)
+            and len(centre.a.indices) == 1 and centre.a.indices[0].same_as(variance.row)
+            and centre.b.value == variance.width):
+        return None
+    mean = next((r for r in reductions if r.buffer == centre.a.source.name), None)
+    if mean is None or mean.width != variance.width:
+        return None
+    same = tvm_ffi.structural_map(mean.value, (tirx.Var, lambda x: variance.row if x.same_as(mean.row)
+                                                else variance.unit if x.same_as(mean.unit) else x))
+    return mean if tvm_ffi.structural_equal(same, v) else None
+
+
 def loads(expr) -> list:
     """The buffer reads in ``expr``."""
     found = []

@@ -17,6 +17,7 @@ from test_custom_cell import X_IN_STEP
 from halstm.schedules import CudaPersistent
 from halstm.schedules.block_gemm import BlockGemm, _warp_frags
 from halstm.schedules.persistent_kernel import PersistentKernel
+from halstm.schedules.step_program import Reduction, mean_of
 from halstm.targets import CudaTarget
 
 import halstm
@@ -542,7 +543,7 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
         if b.buffer not in {f"{s}_next" for s in cell.states}:
             env[b.buffer] = Buffer(b.buffer, np.zeros((B, H)), memory)
     for r in kernel.reductions:  # the unit groups' partial sums of each row
-        env[f"{r.buffer}_parts"] = Buffer(f"{r.buffer}_parts", np.full((B, kernel.groups), np.nan), memory)
+        env[f"{r.buffer}_parts"] = Buffer(f"{r.buffer}_parts", np.full((2 * B, kernel.groups), np.nan), memory)
     buffers = {b.name: (int(b.shape[0]), b.scope()) for b in persistent.alloc_buffers}
     assert buffers == {n: (size, scope) for n, size, _, scope in kernel.buffers()}
     blocks = [{n: Buffer(n, np.full(size, np.nan), memory, shared=True) for n, size, _, scope in kernel.buffers()
@@ -610,13 +611,51 @@ def test_emulated_step_text_matches_reference_without_races(cell, shape, staged)
     _check_emulation(cell, *shape, staged)
 
 
-@pytest.mark.parametrize("knobs", [{}, {"tensor_cores": True, "threads": 64}, {"row_blocks": 3}],
-                         ids=["ffma", "tensor-cores", "row-blocks"])
+@pytest.mark.parametrize("cell, rounds", [(halstm.LayerNormGRU, [["x_proj0_weight_ih_sum", "x_proj0_weight_ih_sqdev",
+                                                                    "gemm0_weight_hh_sum", "gemm0_weight_hh_sqdev"]]),
+                                         (halstm.LayerNormLSTM, [["x_proj0_weight_ih_sum", "x_proj0_weight_ih_sqdev",
+                                                                  "gemm0_weight_hh_sum", "gemm0_weight_hh_sqdev"],
+                                                                 ["T_add_sum", "T_add_sqdev"]])],
+                         ids=lambda v: getattr(v, "__name__", ""))
+def test_layer_norm_variance_runs_in_its_mean_round(cell, rounds):
+    """A variance sums deviations from each group's own mean, so it needs no round of its own: one
+    grid-level exchange a step for the GRU's two layer norms, two for the LSTM's (c's after the gates')."""
+    program = _program(cell, batch=16, hidden=64, dtype="float16")
+    kernel = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {}))
+    assert [[r.buffer for r in level] for level in kernel.rounds()] == rounds
+    apart = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {"merge_variances": False}))
+    assert [[r.buffer for r in level] for level in apart.rounds()] == [
+        [r for r in level if r.endswith("_sum")] if n % 2 == 0 else [r for r in level if r.endswith("_sqdev")]
+        for level in rounds for n in range(2)]
+
+
+def test_mean_of_finds_a_variance_only_around_the_mean_of_its_own_value():
+    row, unit = tvm.tirx.Var("row", "int32"), tvm.tirx.Var("unit", "int32")
+    a, b = (tvm.tirx.decl_buffer((4, 8), "float32", name=n) for n in "ab")
+    m = tvm.tirx.decl_buffer((4,), "float32", name="m")
+
+    def variance(value, width=8, n=8.0):
+        centred = value - m[row] / tvm.tirx.const(n, "float32")
+        return Reduction("v", row, unit, centred * centred, width)
+
+    mean = Reduction("m", tvm.tirx.Var("r", "int32"), tvm.tirx.Var("u", "int32"), None, 8)
+    mean = dataclasses.replace(mean, value=a[mean.row, mean.unit])  # its own variables, as each block has
+    assert mean_of(variance(a[row, unit]), [mean]) is mean
+    assert mean_of(variance(b[row, unit]), [mean]) is None  # around another value's mean
+    assert mean_of(variance(a[row, unit], n=4.0), [mean]) is None  # not divided by the columns summed
+    assert mean_of(variance(a[row, unit] * 2.0), [mean]) is None
+    centred = a[row, unit] - m[row] / tvm.tirx.const(8.0, "float32")
+    assert mean_of(Reduction("v", row, unit, centred * a[row, unit], 8), [mean]) is None  # not a square
+
+
+@pytest.mark.parametrize("knobs", [{}, {"tensor_cores": True, "threads": 64}, {"row_blocks": 3},
+                                   {"merge_variances": False}],
+                         ids=["ffma", "tensor-cores", "row-blocks", "variance-after-mean"])
 @pytest.mark.parametrize("cell", [halstm.LayerNormLSTM, halstm.LayerNormGRU], ids=lambda c: c.__name__)
 def test_emulated_layer_norm_matches_reference_without_races(cell, knobs):
-    """A cell's own reductions (layer norms over a gate's or all gates' columns, the variance after
-    the mean): each block's partial sums of its units, exchanged through global memory across a grid
-    sync, summed in shared memory, read by the math of the block's rows."""
+    """A cell's own reductions (layer norms over a gate's or all gates' columns, the variance with
+    its mean or in a round after it): each block's partial sums of its units, exchanged through
+    global memory across a grid sync, summed in shared memory, read by the math of the block's rows."""
     B, I, H, base = EMULATED[4] if "row_blocks" in knobs else EMULATED[0]
     knobs = {**base, **knobs}
     dtype = "float16" if knobs.get("tensor_cores") else "float32"
