@@ -829,7 +829,8 @@ def test_tensor_cores_match_reference_on_gpu(cell, dtype, batch, hidden, knobs, 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("batch, hidden, knobs", [(1, 50, {}), (16, 200, {}), (64, 256, {}), (32, 256, {"row_blocks": 2, "units": 4}),
-                                                  (16, 128, {"poll_states": False})], ids=lambda v: str(v))
+                                                  (16, 128, {"poll_states": False}),
+                                                  (16, 128, {"merge_variances": False})], ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cell", [halstm.LayerNormLSTM, halstm.LayerNormGRU], ids=lambda c: c.__name__)
 def test_layer_norm_matches_reference_on_gpu(cell, dtype, batch, hidden, knobs, rng):
