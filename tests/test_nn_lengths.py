@@ -99,6 +99,23 @@ def test_training_runs_padded_where_the_backward_serves_one_length(ours, theirs,
     assert sum(steps * rows for steps, rows in calls) < 4 * T * B
 
 
+def test_a_device_outside_by_length_runs_every_sequence_all_steps(monkeypatch):
+    """The GPU's policy (``halstm.nn._BY_LENGTH``), here on the CPU: one call a layer direction,
+    inference and training, with torch's packed results."""
+    monkeypatch.setattr(halstm.nn, "_BY_LENGTH", set())
+    module, reference = _twins(*PAIRS[1])
+    lengths = torch.randint(1, T, (B,))
+    x = torch.randn(T, B, I)
+    calls = _recorded_calls(monkeypatch)
+    with torch.no_grad():
+        y, final = module(x, lengths=lengths)
+    packed, final_ref = reference(pack_padded_sequence(x, lengths, enforce_sorted=False))
+    same(y, pad_packed_sequence(packed, total_length=T)[0])
+    same(final, final_ref)
+    module(x.requires_grad_(), lengths=lengths)[0].sum().backward()
+    assert calls == [(T, B)] * 8
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("ours, theirs", PAIRS, ids=["LSTM", "GRU"])
