@@ -308,9 +308,11 @@ def _layer_direction(key, x, states, params, lengths):
     sequence length (``_by_length``), each sequence stops at its own length; otherwise every one
     runs all T steps and the outputs past its length are masked by the caller."""
     cell = _CELLS[key]
-    if lengths is not None and _by_length(x, states, params):
-        return _by_length_run(key, x, states, params, lengths)
     T, B = x.shape[:2]
+    if lengths is not None and _by_length(x, states, params):
+        calls = segments(sorted(lengths.tolist(), reverse=True), B)
+        if calls != [(0, T, B)]:  # else one call over every row and step, as without
+            return _by_length_run(key, x, states, params, lengths, calls)
     run = _run if B else _empty_sequences  # an empty batch: nothing to compile or run
     seqs = run(key, x.contiguous(), states, params)
     return seqs[cell.states.index(cell.output)][1:], [_at_lengths(seq, lengths, T) for seq in seqs]
@@ -355,30 +357,30 @@ def segments(lengths: list[int], batch: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _by_length_run(key, x, states, params, lengths):
+def _by_length_run(key, x, states, params, lengths, calls):
     """``_layer_direction`` with each sequence stopping at its own length: the batch in order of
-    length, longest first, run in ``segments``, each call over the rows still running (rounded up
-    to a ``bucket``; the extra rows' results dropped) from the states the last call left, its rows
-    of x gathered and its outputs scattered back in place; the cost that of the lengths' sum, not of
-    T times the batch."""
+    length, longest first, run in ``calls`` (its ``segments``), each over the rows still running
+    (rounded up to a ``bucket``; the extra rows' results dropped) from the states the last call
+    left, its rows of x gathered and its outputs scattered back in place, then zeroed past each
+    length (where no call wrote); the cost that of the lengths' sum, not of T times the batch."""
     cell = _CELLS[key]
     T, B = x.shape[:2]
     order = torch.argsort(lengths, descending=True, stable=True)
     L = lengths[order]
     state = [s[order] for s in states]
     ends = [torch.zeros_like(s) for s in state]
-    out, output = x.new_zeros((T, B, cell.hidden_size)), cell.states.index(cell.output)
-    for t0, t1, rows in segments(L.tolist(), B):
+    out, output = x.new_empty((T, B, cell.hidden_size)), cell.states.index(cell.output)
+    for t0, t1, rows in calls:
         seqs = _run(key, x[t0:t1].index_select(1, order[:rows]), [s[:rows] for s in state], params)
         running = L[:rows]
-        steps = torch.arange(t0, t1, device=x.device)[:, None]
-        out[t0:t1].index_copy_(1, order[:rows], seqs[output][1:] * (steps < running[None, :])[..., None])
+        out[t0:t1].index_copy_(1, order[:rows], seqs[output][1:])
         ended = ((t0 < running) & (running <= t1))[:, None]
         at = (running - t0).clamp(0, t1 - t0).view(1, -1, 1)
         for i, seq in enumerate(seqs):
             last = seq.gather(0, at.expand(1, *seq.shape[1:]))[0]
             ends[i] = torch.cat([torch.where(ended, last, ends[i][:rows]), ends[i][rows:]])
             state[i] = torch.cat([seq[-1], state[i][rows:]])
+    out.masked_fill_((torch.arange(T, device=x.device)[:, None] >= lengths[None, :])[..., None], 0)
     inverse = torch.argsort(order)
     return out, [e[inverse] for e in ends]
 
