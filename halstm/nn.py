@@ -232,6 +232,7 @@ class RNN(torch.nn.Module):
         T, B, _ = x.shape
         initial = self._initial_states(hx, B, x, batched)
         lengths = None if lengths is None else _lengths(lengths, T, (B,) if batched else (), x.device)
+        calls = _calls(lengths, x)
         finals = {s: [] for s in self.cell.states}
         for layer in range(self.num_layers):
             outputs = []
@@ -240,7 +241,7 @@ class RNN(torch.nn.Module):
                 key, cell, names = self._layers[index]
                 params = [self._param(name, shape, x) for name, shape in names]
                 source = _reverse(x, lengths) if direction else x
-                out, ends = _layer_direction(key, source, initial[index], params, lengths)
+                out, ends = _layer_direction(key, source, initial[index], params, lengths, calls)
                 outputs.append(_reverse(out, lengths) if direction else out)
                 for s, end in zip(cell.states, ends):
                     finals[s].append(end)
@@ -302,29 +303,38 @@ class RNN(torch.nn.Module):
         return [list(states) for states in zip(*((h if batched else h.unsqueeze(1)).unbind() for h in hx))]
 
 
-def _layer_direction(key, x, states, params, lengths):
+def _calls(lengths, x):
+    """(the batch's order by length, longest first, and its ``segments``) for the calls of
+    ``_by_length_run``, the same for every layer direction of x (T, B, I); None without lengths, on a
+    device outside _BY_LENGTH, while ``torch.compile`` traces (the calls depend on the lengths'
+    values), for an empty batch, and where they would be one call over every row and all T steps,
+    as without lengths."""
+    T, B = x.shape[:2]
+    if lengths is None or x.device.type not in _BY_LENGTH or torch.compiler.is_compiling() or B == 0:
+        return None
+    order = torch.argsort(lengths, descending=True, stable=True)
+    calls = segments(lengths[order].tolist(), B)
+    return None if calls == [(0, T, B)] else (order, calls)
+
+
+def _layer_direction(key, x, states, params, lengths, calls):
     """A layer direction over x (T, B, I): its output (T, B, H), zero past each sequence's length,
-    and each state after the sequence's last step. With ``lengths``, where the functions serve any
-    sequence length (``_by_length``), each sequence stops at its own length; otherwise every one
-    runs all T steps and the outputs past its length are masked by the caller."""
+    and each state after the sequence's last step. With ``lengths`` and their ``calls``, where the
+    functions serve any sequence length (``_by_length``), each sequence stops at its own length;
+    otherwise every one runs all T steps and the outputs past its length are masked by the caller."""
     cell = _CELLS[key]
     T, B = x.shape[:2]
-    if lengths is not None and _by_length(x, states, params):
-        calls = segments(sorted(lengths.tolist(), reverse=True), B)
-        if calls != [(0, T, B)]:  # else one call over every row and step, as without
-            return _by_length_run(key, x, states, params, lengths, calls)
+    if calls is not None and _by_length(x, states, params):
+        return _by_length_run(key, x, states, params, lengths, *calls)
     run = _run if B else _empty_sequences  # an empty batch: nothing to compile or run
     seqs = run(key, x.contiguous(), states, params)
     return seqs[cell.states.index(cell.output)][1:], [_at_lengths(seq, lengths, T) for seq in seqs]
 
 
 def _by_length(x, states, params) -> bool:
-    """Whether the sequences of a batch with lengths run to their own lengths: on a device in
-    _BY_LENGTH, outside ``torch.compile`` (the calls depend on the lengths' values), where every
-    function the pass needs serves any sequence length (each call over part of the steps would
+    """Whether the sequences of a batch with lengths (and ``_calls``) run to their own lengths: where
+    every function the pass needs serves any sequence length (each call over part of the steps would
     compile another otherwise)."""
-    if torch.compiler.is_compiling() or x.shape[1] == 0 or x.device.type not in _BY_LENGTH:
-        return False
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
     needs = {compile_cell, compile_backward} if training else {compile_cell}
     return needs <= _ANY_STEPS[x.device.type]
@@ -357,7 +367,7 @@ def segments(lengths: list[int], batch: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _by_length_run(key, x, states, params, lengths, calls):
+def _by_length_run(key, x, states, params, lengths, order, calls):
     """``_layer_direction`` with each sequence stopping at its own length: the batch in order of
     length, longest first, run in ``calls`` (its ``segments``), each over the rows still running
     (rounded up to a ``bucket``; the extra rows' results dropped) from the states the last call
@@ -365,7 +375,6 @@ def _by_length_run(key, x, states, params, lengths, calls):
     length (where no call wrote); the cost that of the lengths' sum, not of T times the batch."""
     cell = _CELLS[key]
     T, B = x.shape[:2]
-    order = torch.argsort(lengths, descending=True, stable=True)
     L = lengths[order]
     state = [s[order] for s in states]
     ends = [torch.zeros_like(s) for s in state]

@@ -99,39 +99,31 @@ def test_training_runs_padded_where_the_backward_serves_one_length(ours, theirs,
     assert sum(steps * rows for steps, rows in calls) < 4 * T * B
 
 
-def test_a_device_outside_by_length_runs_every_sequence_all_steps(monkeypatch):
-    """The GPU's policy (``halstm.nn._BY_LENGTH``), here on the CPU: one call a layer direction,
-    inference and training, with torch's packed results."""
-    monkeypatch.setattr(halstm.nn, "_BY_LENGTH", set())
-    module, reference = _twins(*PAIRS[1])
+def _runs_every_sequence_all_steps(device, monkeypatch):
+    """One call a layer direction, inference and training, with torch's packed results (cuDNN without
+    TF32 on a GPU, to compare at 1e-5)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    module, reference = (m.to(device) for m in _twins(*PAIRS[1]))
     lengths = torch.randint(1, T, (B,))
-    x = torch.randn(T, B, I)
+    x = torch.randn(T, B, I, device=device)
     calls = _recorded_calls(monkeypatch)
     with torch.no_grad():
         y, final = module(x, lengths=lengths)
-    packed, final_ref = reference(pack_padded_sequence(x, lengths, enforce_sorted=False))
-    same(y, pad_packed_sequence(packed, total_length=T)[0])
-    same(final, final_ref)
+        packed, final_ref = reference(pack_padded_sequence(x, lengths, enforce_sorted=False))
+    same(y.cpu(), pad_packed_sequence(packed, total_length=T)[0].cpu())
+    same(final.cpu(), final_ref.cpu())
     module(x.requires_grad_(), lengths=lengths)[0].sum().backward()
     assert calls == [(T, B)] * 8
+
+
+def test_a_device_outside_by_length_runs_every_sequence_all_steps(monkeypatch):
+    """The GPU's policy (``halstm.nn._BY_LENGTH``), here on the CPU."""
+    monkeypatch.setattr(halstm.nn, "_BY_LENGTH", set())
+    _runs_every_sequence_all_steps("cpu", monkeypatch)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("ours, theirs", PAIRS, ids=["LSTM", "GRU"])
-def test_on_a_gpu_every_sequence_runs_all_steps_with_torch_packed_results(ours, theirs, monkeypatch):
-    """A GPU's step time barely depends on its rows (``halstm.nn._BY_LENGTH``): one call a layer
-    direction, inference and training. cuDNN without TF32 on the packed batch as the reference, 1e-5."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    module, reference = (m.cuda() for m in _twins(ours, theirs))
-    lengths = torch.randint(1, T, (B,))
-    x = torch.randn(T, B, I, device="cuda")
-    packed, final_ref = reference(pack_padded_sequence(x, lengths, enforce_sorted=False))
-    y_ref = pad_packed_sequence(packed, total_length=T)[0]
-    calls = _recorded_calls(monkeypatch)
-    with torch.no_grad():
-        y, final = module(x, lengths=lengths)
-    same(y.cpu(), y_ref.cpu())
-    same(tuple(f.cpu() for f in as_tuple(final)), tuple(f.cpu() for f in as_tuple(final_ref)))
-    module(x.requires_grad_(), lengths=lengths)[0].sum().backward()
-    assert calls == [(T, B)] * 8
+def test_on_a_gpu_every_sequence_runs_all_steps_with_torch_packed_results(monkeypatch):
+    """A GPU's step time barely depends on its rows (``halstm.nn._BY_LENGTH``)."""
+    _runs_every_sequence_all_steps("cuda", monkeypatch)
