@@ -8,8 +8,8 @@ and forward + backward. Results are first checked against torch.nn on the packed
 
 Prints, for each pass, the medians of alternating rounds (ms), halstm's time with lengths over its
 padded time, and the share of the padded steps the lengths hold (sum of lengths / (T * B)): the
-cost is true where the first is near the second. On a GPU the training pass runs padded (its
-backward is compiled a sequence length, ``halstm.nn._by_length``).
+cost is true where the first is near the second. On a GPU ``halstm.nn`` runs every sequence all
+T steps (``halstm.nn._BY_LENGTH``), so both of halstm's contenders are padded there.
 """
 
 from __future__ import annotations

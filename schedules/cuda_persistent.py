@@ -128,9 +128,10 @@ class CudaPersistent(Recipe):
     warp's weight fragments in registers for all steps where at most MAX_RESIDENT_FRAGS fit;
     ``poll_waiters`` puts one waiter a producer before the polled staging (``poll_operand``);
     ``merge_variances`` sums a variance of the step's own reductions in its mean's round
-    (``PersistentKernel.variances``). Prepared ms, fp16 T=100 I=H=512, merged / a round each, medians
-    of two processes each: H100 LayerNormGRU B=16 0.72-0.74 / 0.77-0.80, B=64 0.88-0.91 / 0.85-0.86,
-    LayerNormLSTM B=16 1.05-1.07 / 1.08-1.10, B=64 1.17-1.25 / 1.33-1.34."""
+    (``PersistentKernel.variances``). Prepared ms, fp16 T=100 I=H=512, H100, this kernel merged / the
+    kernel before the knob (a round each, no alternating parts), medians of two processes each:
+    LayerNormGRU B=16 0.72-0.74 / 0.77-0.80, B=64 0.88-0.91 / 0.85-0.86, LayerNormLSTM B=16 1.05-1.07 /
+    1.08-1.10, B=64 1.17-1.25 / 1.33-1.34; the knob off was not timed."""
 
     name = "cuda-persistent"
     knobs = {
