@@ -141,6 +141,18 @@ def trace(cell: Cell, x, states, params, tracer=None) -> Trace:
     return Trace(x, list(states), params, out)
 
 
+def upstream(t: te.Tensor, stops: frozenset = frozenset()) -> set:
+    """Every op that t is computed from, t's own included, not looking past the ops in ``stops``."""
+    seen, todo = set(), [t.op]
+    while todo:
+        op = todo.pop()
+        if op not in seen:
+            seen.add(op)
+            if op not in stops:
+                todo += [i.op for i in op.input_tensors]
+    return seen
+
+
 def check_cell(cell: Cell) -> None:
     """Reject cells whose declarations cannot be compiled, naming what is wrong."""
     if not isinstance(cell, Cell):

@@ -33,21 +33,24 @@ from .runtime import Arg, Pack, as_frame, check_array, check_names, on_cpu, step
 
 @serialised
 def compile_backward(cell: Cell, steps: int | None, batch: int, dtype: str = "float32", target="cpu",
-                     knobs: dict | None = None, database=None, allow_tf32: bool = False) -> CompiledBackward:
+                     knobs: dict | None = None, database=None, allow_tf32: bool = False,
+                     loop_recipe=None) -> CompiledBackward:
     """The backward of ``halstm.compile(cell, steps, batch, dtype, target)`` (``halstm.backward``):
     its reversed time loop, the adjoint cell, compiled as ``halstm.compile`` compiles a cell (the
     recipe the tuning ``database``'s records or the defaults choose: ``halstm tune --training``);
     the functions around it over all rows scheduled by the target's step-loop recipe (``knobs``
     overrides its defaults). ``allow_tf32`` as for ``halstm.compile``: float32 GEMMs, the loop's and
     the functions', on TF32 tensor cores. ``steps=None``: one backward for every sequence length, T
-    read off each call's x (its reversed loop compiled for any T too, called for T + 1 steps)."""
+    read off each call's x (its reversed loop compiled for any T too, called for T + 1 steps).
+    ``loop_recipe``: the reversed loop's recipe (a name or ``Recipe``), as ``halstm.compile``'s
+    ``recipe``; None: the database's records or the defaults choose."""
     check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)
     steps = None if steps is None else int(steps)
     recipe, knobs, program, scheduled = lower_backward_for(cell, steps, int(batch), dtype, target, knobs,
                                                            allow_tf32)
     adjoint = compile_cell(program.adjoint, None if steps is None else steps + 1, int(batch), dtype, target,
-                           database=database, allow_tf32=allow_tf32)
+                           recipe=loop_recipe, database=database, allow_tf32=allow_tf32)
     from . import cache
 
     def build():

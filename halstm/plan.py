@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from tvm import te
 
-from .cell import Cell, placeholders, trace
+from .cell import Cell, placeholders, trace, upstream
+from .diagonal import Diagonal, classify
 from .ops import plain_matmul
 
 
@@ -67,6 +68,7 @@ class Plan:
     hoisted: list[Gemm]
     stages: list[list[Gemm]]
     x_in_step: bool = False  # the step's math reads x itself, not only through the hoisted matmuls
+    diagonal: Diagonal = Diagonal(reason="not classified")  # which states recur as a(x) * s + b(x)
 
     @property
     def step_gemms(self) -> list[Gemm]:
@@ -105,6 +107,7 @@ class Plan:
             lines.append("    one fused elementwise block -> next " + ", ".join(self.cell.states))
         if self.x_in_step:
             lines.append("  the elementwise math reads the step's rows of x too")
+        lines.append(str(self.diagonal))
         return "\n".join(lines)
 
 
@@ -119,18 +122,6 @@ class _RecordingTracer:
         rows, depth = (int(d) for d in weight.shape)
         self.calls.append(Matmul(len(self.calls), a, weight.op.name, rows, depth, result))
         return result
-
-
-def upstream(t: te.Tensor, stops: frozenset = frozenset()) -> set:
-    """Every op that t is computed from, t's own included, not looking past the ops in ``stops``."""
-    seen, todo = set(), [t.op]
-    while todo:
-        op = todo.pop()
-        if op not in seen:
-            seen.add(op)
-            if op not in stops:
-                todo += [i.op for i in op.input_tensors]
-    return seen
 
 
 def make_plan(cell: Cell) -> Plan:
@@ -163,10 +154,12 @@ def make_plan(cell: Cell) -> Plan:
 
     depth = max((g.stage for g in gemms), default=0)
     hoisted_results = frozenset(m.result.op for m in calls if stage[m.index] == 0)
-    return Plan(
+    plan = Plan(
         cell,
         calls,
         hoisted=[g for g in gemms if g.stage == 0],
         stages=[[g for g in gemms if g.stage == s] for s in range(1, depth + 1)],
         x_in_step=any(traced.x.op in upstream(t, hoisted_results) for t in traced.next_states),
     )
+    plan.diagonal = classify(traced, plan)
+    return plan

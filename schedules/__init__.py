@@ -15,8 +15,10 @@ from .recipe import Recipe
 from .cpu import CpuStepLoop
 from .cuda import CudaStepLoop
 from .cuda_persistent import CudaPersistent
+from .scan import CpuScan, CudaScan
 
-BUILTIN = (CpuStepLoop(), CudaPersistent(), CudaStepLoop())
+# preferred first where several apply: a scan where the step is diagonal
+BUILTIN = (CpuScan(), CudaScan(), CpuStepLoop(), CudaPersistent(), CudaStepLoop())
 _REGISTERED: dict[str, Recipe] = {}
 
 
@@ -71,5 +73,5 @@ def recipes_for(program, target) -> list[Recipe]:
     return found
 
 
-__all__ = ["Recipe", "CpuStepLoop", "CudaStepLoop", "CudaPersistent", "recipes_for", "BUILTIN", "register",
+__all__ = ["Recipe", "CpuStepLoop", "CudaStepLoop", "CudaPersistent", "CpuScan", "CudaScan", "recipes_for", "BUILTIN", "register",
            "known", "named", "check_name"]

@@ -55,20 +55,26 @@ class CpuStepLoop(Recipe):
         k = self.resolve(program, target, knobs)
         sch = Schedule(program.mod)
         for scope in ("prologue", "step"):
-            # a function run once over all T*B rows (the backward's) stores the activations its
-            # adjoints share: rows, LSTM (100,16,512), 2-core CPU: 17.5 ms against 21.7
-            keep = activations(sch, sch.get_sblock(scope)) if program.steps == 1 else ()
-            inline_elementwise(sch, sch.get_sblock(scope), keep)
-            gemms, others = child_blocks(sch, scope, program)
-            for gemm in gemms:
-                rows = _all_rows_tile(sch, gemm, k, target) if program.steps == 1 else k["rows"]
-                _micro_kernel(sch, gemm, rows, k["vectors"] * target.lanes, k["panel"])
-            for block in merge_next_states(sch, sch.get_sblock(scope), others):
-                if reduces_columns(sch, block):
-                    column_sums(sch, block, target.lanes)
-                elif not tiled_transpose(sch, block):
-                    parallel_rows(sch, block, target.lanes)
+            self.schedule_scope(sch, scope, program, target, k)
         return sch
+
+    def schedule_scope(self, sch: Schedule, scope: str, program, target, k: dict, apart=(), keep=()) -> None:
+        """The blocks of one scope: elementwise math inlined (but into ``keep``), GEMMs as
+        micro-kernels, the rest over rows across cores; those named in ``apart`` left alone."""
+        # a function run once over all T*B rows (the backward's) stores the activations its
+        # adjoints share: rows, LSTM (100,16,512), 2-core CPU: 17.5 ms against 21.7
+        shared = activations(sch, sch.get_sblock(scope)) if program.steps == 1 else set()
+        inline_elementwise(sch, sch.get_sblock(scope), {*shared, *apart, *keep})
+        gemms, others = child_blocks(sch, scope, program)
+        for gemm in gemms:
+            rows = _all_rows_tile(sch, gemm, k, target) if program.steps == 1 else k["rows"]
+            _micro_kernel(sch, gemm, rows, k["vectors"] * target.lanes, k["panel"])
+        others = [b for b in others if sch.get(b).name_hint not in apart]
+        for block in merge_next_states(sch, sch.get_sblock(scope), others):
+            if reduces_columns(sch, block):
+                column_sums(sch, block, target.lanes)
+            elif not tiled_transpose(sch, block):
+                parallel_rows(sch, block, target.lanes)
 
 
 ALL_ROWS_TILE = 8

@@ -170,7 +170,7 @@ class CudaPersistent(Recipe):
         no input projection is prefetched first (``poll_operand``), where one GEMM polls."""
         H, B = program.cell.hidden_size, program.batch
         k = super().defaults(program, target, switches)
-        k["tc_hoisted_frags"] = _step_loop_defaults(program, target, k["wgmma"])["tc_hoisted_frags"]
+        k["tc_hoisted_frags"] = step_loop_defaults(program, target, k["wgmma"])["tc_hoisted_frags"]
         k["units"] = next(u for u in range(1, H + 1) if H % u == 0 and H // u <= target.sms)
         k.update(_register_tile(program, k["units"]))
         k["tensor_cores"] = tensor_cores_available(program.dtype, target) and B >= TENSOR_CORE_MIN_BATCH
@@ -203,7 +203,7 @@ class CudaPersistent(Recipe):
         a row in one block (H100 fp16 T=100 H=512, whole calls, ms, this recipe with a round a sum /
         the step loop: LayerNormGRU B=16 1.19 / 1.18, B=64 0.91 / 1.02; LayerNormLSTM B=16 1.14 /
         1.13, B=64 1.35 / 1.13; the tuner measures both)."""
-        k, step_loop = self.defaults(program, target), _step_loop_defaults(program, target)
+        k, step_loop = self.defaults(program, target), step_loop_defaults(program, target)
         kernel = PersistentKernel.plan(program, target, k)
         if kernel.reductions:
             return False
@@ -224,7 +224,7 @@ class CudaPersistent(Recipe):
         prepared ms, this / FFMA: LSTM (100,16,512) 0.440 / 0.517, (512,64,512) 5.679 /
         7.385, (1024,16,768) 7.209 / 9.093, GRU (100,16,512) 0.366 / 0.444; errors against float64
         5.6e-6 to 5.9e-6 / 5.5e-6 to 5.6e-6."""
-        if split_tf32(_prologue_knobs(program, target, knobs), program, target, hoisted_only=True):
+        if split_tf32(prologue_knobs(program, target, knobs), program, target, hoisted_only=True):
             return PackedLayout(k_major=True, tf32x3=True, hoisted_only=True)
         return PackedLayout()
 
@@ -235,10 +235,10 @@ class CudaPersistent(Recipe):
         or cannot stream; no state is polled; no warp's weight fragments fit in registers; no
         variance): each would only repeat a candidate."""
         first = {n: knobs[n] == self.knobs[n][0] for n in ("tc_hoisted_frags", "wgmma")}
-        hoisted = _prologue_knobs(program, target, knobs)
+        hoisted = prologue_knobs(program, target, knobs)
         wmma = use_tensor_cores(hoisted, program, target) and not on_wgmma(hoisted, program, target)
         wgmma = (wgmma_available(program.dtype, target, program.allow_tf32)
-                 or split_tf32(_prologue_knobs(program, target, {**knobs, "wgmma": True}), program, target, True))
+                 or split_tf32(prologue_knobs(program, target, {**knobs, "wgmma": True}), program, target, True))
         if not ((first["tc_hoisted_frags"] or wmma) and (first["wgmma"] or wgmma)
                 and self.runs(program, target, knobs)):
             return False
@@ -269,7 +269,7 @@ class CudaPersistent(Recipe):
                 return False
         elif tm > B // P or (_widest(program) // H * U) % tn:
             return False
-        hoisted = _prologue_knobs(program, target, knobs)
+        hoisted = prologue_knobs(program, target, knobs)
         return (tm * tn + (tm + tn) * VECTOR <= MAX_TILE_REGISTERS
                 and (not use_tensor_cores(hoisted, program, target)
                      or hoisted_tensor_core_tile(hoisted).fits(BYTES[program.dtype], target))
@@ -299,7 +299,7 @@ class CudaPersistent(Recipe):
         if kernel is None:
             return None
         sch = Schedule(tvm.IRModule({"main": kernel.func()}))
-        prologue = _prologue_knobs(program, target, k)
+        prologue = prologue_knobs(program, target, k)
         inline_elementwise(sch, sch.get_sblock("prologue"))
         gemms, others = child_blocks(sch, "prologue", program)
         for gemm in gemms:  # the hoisted GEMM as the step loop runs it (tensor cores for fp16/bf16)
@@ -324,14 +324,14 @@ def _row_blocks(recipe, program, target, knobs) -> dict:
                key=lambda k: (H // k["units"] * k["row_blocks"], k["units"]), default=knobs)
 
 
-def _step_loop_defaults(program, target, wgmma: bool = True) -> dict:
+def step_loop_defaults(program, target, wgmma: bool = True) -> dict:
     return per_program("step loop", program, (target, wgmma),
                         lambda: CudaStepLoop().defaults(program, target, {"wgmma": wgmma}))
 
 
-def _prologue_knobs(program, target, knobs) -> dict:
+def prologue_knobs(program, target, knobs) -> dict:
     """The step loop's defaults for the prologue, with this recipe's hoisted-GEMM knobs."""
-    return {**_step_loop_defaults(program, target, knobs["wgmma"]), "tc_hoisted_frags": knobs["tc_hoisted_frags"]}
+    return {**step_loop_defaults(program, target, knobs["wgmma"]), "tc_hoisted_frags": knobs["tc_hoisted_frags"]}
 
 
 def _widest(program) -> int:

@@ -20,7 +20,7 @@ from halstm.lowering import PackedLayout
 from halstm.schedules import CudaPersistent, CudaStepLoop
 from halstm.schedules.cuda_ffma import hoisted_tile, step_tile
 from halstm.schedules.cuda_gemm import hoisted_tensor_core_tile, on_wgmma, step_tensor_core_tile
-from halstm.schedules.cuda_persistent import _prologue_knobs
+from halstm.schedules.cuda_persistent import prologue_knobs
 from halstm.schedules.cuda_tensorcore import TensorCoreTile, tensorize_works
 from halstm.targets import CudaTarget
 
@@ -532,7 +532,7 @@ def _check_packing_kernels(program, recipe, rng):
     params = {n: rng.standard_normal(s) for n, s in program.cell.parameters().items()}
     recipe = next(r for r in schedules.BUILTIN if r.name == recipe)
     sch = recipe.apply(program, H100)
-    wgmma = on_wgmma(_prologue_knobs(program, H100, recipe.resolve(program, H100, {}))
+    wgmma = on_wgmma(prologue_knobs(program, H100, recipe.resolve(program, H100, {}))
                              if recipe.name == "cuda-persistent" else recipe.resolve(program, H100, {}), program, H100)
     kernels = _device_kernels(sch.mod)
     weights = {m.weight for m in program.plan.matmuls}

@@ -15,7 +15,7 @@ from conftest import TF32_TOLERANCE, TOLERANCE, assert_nvcc_compiles, gpu_availa
 from halstm.lowering import PackedLayout
 from halstm.schedules import CudaPersistent, CudaStepLoop
 from halstm.schedules.cuda_gemm import on_wgmma
-from halstm.schedules.cuda_persistent import _prologue_knobs
+from halstm.schedules.cuda_persistent import prologue_knobs
 from halstm.schedules.cuda_tensorcore import tensorize_works
 from halstm.schedules.wgmma import WgmmaTile, gemm_wgmma, wgmma_available, wgmma_tile
 from halstm.targets import CudaTarget
@@ -162,7 +162,7 @@ def test_defaults_put_the_hoisted_gemm_on_wgmma(recipe, cell, batch, hidden):
     program = halstm.lower(cell(hidden, hidden), steps=100, batch=batch, dtype="float16")
     knobs = recipe.defaults(program, H100)
     assert recipe.valid(program, H100, knobs)
-    step_loop = knobs if recipe.name == "cuda-step-loop" else _prologue_knobs(program, H100, knobs)
+    step_loop = knobs if recipe.name == "cuda-step-loop" else prologue_knobs(program, H100, knobs)
     assert on_wgmma(step_loop, program, H100) and on_wgmma(step_loop, program, H100, step=True)  # B >= 16
     assert knobs["tc_hoisted_frags"] == recipe.knobs["tc_hoisted_frags"][0]
 

@@ -1,0 +1,228 @@
+"""A diagonal cell's whole sequence as a scan: no time loop of dependent steps (``Plan.diagonal``).
+
+The function's blocks, in order::
+
+    prologue   the hoisted GEMMs over all T*B rows (``lowering.skeleton(hoisted_only=True)``)
+    first      the states computed from x alone (``Diagonal.first``), over all T*B rows
+    scan       each scanned state s: its coefficients a, b over all T*B rows, taken from the cell's
+               own expression of s' (``diagonal.split_affine``), then per element (b, j)
+                   s_t = a_t * s_{t-1} + b_t        in float32, stored in the state's dtype
+               with ``chunk`` = 0 one serial loop over T an element; with ``chunk`` = L three passes
+               over chunks of L steps: each chunk's product of a and its scan from zero (``chunk_s``),
+               the state entering each chunk, serially over the chunks (``carry_s``), each chunk
+               again from it (``apply_s``): T / L times the parallelism for one more read of a, b
+    derived    the other states from x and the states' values, over all T*B rows
+
+The scan passes are blocks over the elements (and chunks), spatial, each running its steps in a
+loop inside: a recipe tiles, binds and vectorises them as any elementwise block, and inlines the
+coefficients' math into them (``schedules.scan``). The chunked form never divides by a product of
+a's, so a product that underflows stands for a carry that has decayed away (float64 checks at
+T = 65536 in tests/test_scan.py).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import tvm
+from tvm import te
+
+from .cell import upstream
+from .diagonal import split_affine
+from .lowering import (ACCUMULATE, Program, _body, _prim_func, _storage, _view, indent, sequence_rows, skeleton,
+                       steps_var, trace_step)
+from .runtime import STEPS
+
+SCAN_BLOCKS = ("chunk_", "carry_", "apply_", "scan_")  # name prefixes of the scan passes' blocks
+
+
+def scan_source(program: Program, chunk: int, lanes: int = 1) -> str:
+    """The TVMScript of ``program``'s sequence as a scan, chunks of ``chunk`` steps (0: none). A
+    pass keeps its running values in ``lanes`` of a local buffer, indexed by the unit modulo
+    ``lanes``: a recipe that vectorises the units by that many lanes makes them one vector (a
+    buffer of one element, which TVM 0.27's vectoriser took as one value for all lanes, gave every
+    lane the last one's)."""
+    plan, T, B, dtype = program.plan, program.steps, program.batch, program.dtype
+    diagonal = plan.diagonal
+    if not diagonal.scans:
+        raise ValueError(f"{plan.cell!r} does not scan: {diagonal.reason}")
+    frame = skeleton(plan, T, B, dtype, program.layout, hoisted_only=True)
+    rows = sequence_rows(T, B)
+    steps = T if T is not None else STEPS
+    parts = []
+    if diagonal.first:
+        parts.append(_scope("first", _states(program, diagonal.first), program, rows))
+    coefficients = _coefficients(program)
+    buffers = [f'{s}_coef_{c}' for s in diagonal.scanned for c in "ab"]
+    allocs, scan = [], []
+    if fuses(program, chunk):  # the coefficients' blocks in the passes' scope, where they inline
+        scan += [f'{b} = T.sblock_alloc_buffer(({rows}, {plan.cell.hidden_size}), "{ACCUMULATE}")' for b in buffers]
+        scan += [*_views(coefficients, program, rows), _body(coefficients)]
+    else:
+        allocs += [f'{b} = T.alloc_buffer(({rows}, {plan.cell.hidden_size}), "{ACCUMULATE}")' for b in buffers]
+        parts.append(_scope("coefficients", coefficients, program, rows))
+    chunks = (str(-(-T // chunk)) if T is not None else f"({STEPS} + {chunk - 1}) // {chunk}") if chunk else None
+    for s in diagonal.scanned if chunk else ():
+        scan += [f'{s}_{c} = T.sblock_alloc_buffer(({chunks} * {B}, {plan.cell.hidden_size}), "{ACCUMULATE}")'
+                 for c in ("prod", "part", "carry")]
+    for s in (*diagonal.first, *diagonal.derived):
+        scan.append(_init(s, B, plan.cell.hidden_size))
+    for s in diagonal.scanned:
+        scan.append(_chunked(s, B, plan.cell.hidden_size, dtype, steps, lanes, chunk, chunks) if chunk
+                    else _serial(s, B, plan.cell.hidden_size, dtype, steps, lanes))
+    parts.append(f'with T.sblock("scan"):\n{indent(scan, 4)}')
+    if diagonal.derived:
+        parts.append(_scope("derived", _states(program, diagonal.derived), program, rows))
+    return frame.source(indent(parts, 4), allocs)
+
+
+def fuses(program: Program, chunk: int) -> bool:
+    """Whether the coefficients' math shares the passes' scope, where a recipe inlines it into them:
+    not in a chunked scan for any T, whose passes TVM 0.27 could not prove read only what the
+    scope writes before them (compute_inline: "not a stage pipeline"); a and b are stored then."""
+    return chunk == 0 or program.steps is not None
+
+
+def _scope(name: str, func: tvm.tirx.PrimFunc, program: Program, rows) -> str:
+    return f'with T.sblock("{name}"):\n{indent([*_views(func, program, rows), _body(func)], 4)}'
+
+
+def _views(func: tvm.tirx.PrimFunc, program: Program, rows) -> list[str]:
+    """Views of rows 0 .. T*B of the sequences for the inputs a function over all rows reads, and of
+    rows B .. (T+1)*B for the next states it writes."""
+    cell, B, dtype = program.cell, program.batch, program.dtype
+    where = {f"{g.name}_t": (g.name, "0", g.rows, ACCUMULATE) for g in program.plan.hoisted}
+    where["x_t"] = ("x", "0", cell.input_size, dtype)
+    where |= {f"{s}_t": (f"{s}_seq", "0", cell.hidden_size, dtype) for s in cell.states}
+    where |= {f"{s}_next": (f"{s}_seq", str(B), cell.hidden_size, dtype) for s in cell.states}
+    names = [p.name for p in func.params]
+    return [_view(n, buffer, first, rows, cols, t) for n in names if n in where
+            for buffer, first, cols, t in [where[n]]]
+
+
+def _traced(program: Program):
+    """The step traced over ``rows`` rows (all T*B): its inputs and its next states by name."""
+    step = trace_step(program.plan, steps_var(program.steps) * program.batch, program.dtype, program.layout)
+    return step, dict(zip(program.cell.states, step.traced.next_states)), dict(zip(program.cell.states,
+                                                                                   step.traced.states))
+
+
+def _function(step, outputs: list) -> tvm.tirx.PrimFunc:
+    """A function of the outputs over the step's inputs that they read."""
+    needed = set().union(*(upstream(t) for t in outputs))
+    inputs = [t for t in step.inputs if t.op in needed]
+    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+
+
+def _states(program: Program, names) -> tvm.tirx.PrimFunc:
+    """The next values of the states ``names`` over all rows, from the states' values at each step."""
+    step, nexts, _ = _traced(program)
+    return _function(step, [_storage(nexts[s], program.dtype, f"{s}_next") for s in names])
+
+
+def _coefficients(program: Program) -> tvm.tirx.PrimFunc:
+    """a and b of each scanned state over all rows (``<s>_coef_a``, ``<s>_coef_b``), float32."""
+    step, nexts, views = _traced(program)
+    outputs = []
+    for s in program.plan.diagonal.scanned:
+        a, b = split_affine(nexts[s], views[s])
+        if b is None:
+            b = te.compute(a.shape, lambda *i: tvm.tirx.const(0.0, ACCUMULATE), name=f"{s}_zero")
+        outputs += [_storage(a, ACCUMULATE, f"{s}_coef_a"), _storage(b, ACCUMULATE, f"{s}_coef_b")]
+    return _function(step, outputs)
+
+
+def _init(s: str, B: int, H: int) -> str:
+    """Row block 0 of a state's sequence: its initial value."""
+    return f'''for r, j in T.grid({B}, {H}):
+    with T.sblock("{s}_init"):
+        vr, vj = T.axis.remap("SS", [r, j])
+        {s}_seq[vr, vj] = {s}0[vr, vj]'''
+
+
+class _Units:
+    """How a pass's block indexes its units: a block an element (``lanes`` 1), or a block a vector
+    of ``lanes`` units, each statement over them in a vectorised loop inside the block (a running
+    value in a local buffer of one element a block, vectorised from outside it, was taken by TVM 0.27
+    as one value for every lane: the buffer is compacted to the one element a block instance
+    touches)."""
+
+    def __init__(self, lanes: int):
+        self.lanes = lanes
+        self.j = "vj" if lanes == 1 else f"vj * {lanes} + l"  # a unit, in the block's body
+        self.i = "0" if lanes == 1 else "l"  # its lane of a running value
+
+    def span(self) -> str:
+        """The block's units, as a region."""
+        return "vj" if self.lanes == 1 else f"vj * {self.lanes}:vj * {self.lanes} + {self.lanes}"
+
+    def each(self, lines: str, depth: int) -> str:
+        """``lines`` (at indentation ``depth``) for each unit of the block."""
+        if self.lanes == 1:
+            return lines
+        pad = " " * depth
+        return f"{pad}for l in T.vectorized({self.lanes}):\n" + textwrap.indent(lines, "    ")
+
+    def local(self, name: str) -> str:
+        return f'{name} = T.sblock_alloc_buffer(({self.lanes},), "float32", scope="local")'
+
+
+def _serial(s: str, B: int, H: int, dtype: str, steps, lanes: int) -> str:
+    u = _Units(lanes)
+    j, i = u.j, u.i
+    return f'''for r, j in T.grid({B}, {H // lanes}):
+    with T.sblock("scan_{s}"):
+        vr, vj = T.axis.remap("SS", [r, j])
+        T.reads({s}0[vr, {u.span()}], {s}_coef_a[0:{steps} * {B}, {u.span()}],
+                {s}_coef_b[0:{steps} * {B}, {u.span()}])
+        T.writes({s}_seq[vr:vr + ({steps} + 1) * {B}, {u.span()}])
+        {u.local("acc")}
+{u.each(f"""        acc[{i}] = T.Cast("float32", {s}0[vr, {j}])
+        {s}_seq[vr, {j}] = {s}0[vr, {j}]""", 8)}
+        for t in range({steps}):
+{u.each(f"""            acc[{i}] = {s}_coef_a[t * {B} + vr, {j}] * acc[{i}] + {s}_coef_b[t * {B} + vr, {j}]
+            {s}_seq[(t + 1) * {B} + vr, {j}] = T.Cast("{dtype}", acc[{i}])""", 12)}'''
+
+
+def _chunked(s: str, B: int, H: int, dtype: str, steps, lanes: int, L: int, chunks) -> str:
+    u = _Units(lanes)
+    j, i, span = u.j, u.i, u.span()
+    row = f"(vc * {L} + t) * {B} + vr"
+    first = f"vc * {L * B} + vr"
+    within = f"T.min({L}, {steps} - vc * {L})"
+    return f'''for c, r, j in T.grid({chunks}, {B}, {H // lanes}):
+    with T.sblock("chunk_{s}"):
+        vc, vr, vj = T.axis.remap("SSS", [c, r, j])
+        T.reads({s}_coef_a[0:{steps} * {B}, {span}], {s}_coef_b[0:{steps} * {B}, {span}])
+        T.writes({s}_prod[vc * {B} + vr, {span}], {s}_part[vc * {B} + vr, {span}])
+        {u.local("prod")}
+        {u.local("acc")}
+{u.each(f"""        prod[{i}] = T.float32(1)
+        acc[{i}] = T.float32(0)""", 8)}
+        for t in range({within}):
+{u.each(f"""            prod[{i}] = prod[{i}] * {s}_coef_a[{row}, {j}]
+            acc[{i}] = {s}_coef_a[{row}, {j}] * acc[{i}] + {s}_coef_b[{row}, {j}]""", 12)}
+{u.each(f"""        {s}_prod[vc * {B} + vr, {j}] = prod[{i}]
+        {s}_part[vc * {B} + vr, {j}] = acc[{i}]""", 8)}
+for r, j in T.grid({B}, {H // lanes}):
+    with T.sblock("carry_{s}"):
+        vr, vj = T.axis.remap("SS", [r, j])
+        T.reads({s}0[vr, {span}], {s}_prod[vr:vr + {chunks} * {B}, {span}], {s}_part[vr:vr + {chunks} * {B}, {span}])
+        T.writes({s}_seq[vr, {span}], {s}_carry[vr:vr + {chunks} * {B}, {span}])
+        {u.local("acc")}
+{u.each(f"""        acc[{i}] = T.Cast("float32", {s}0[vr, {j}])
+        {s}_seq[vr, {j}] = {s}0[vr, {j}]""", 8)}
+        for c in range({chunks}):
+{u.each(f"""            {s}_carry[c * {B} + vr, {j}] = acc[{i}]
+            acc[{i}] = {s}_prod[c * {B} + vr, {j}] * acc[{i}] + {s}_part[c * {B} + vr, {j}]""", 12)}
+for c, r, j in T.grid({chunks}, {B}, {H // lanes}):
+    with T.sblock("apply_{s}"):
+        vc, vr, vj = T.axis.remap("SSS", [c, r, j])
+        T.reads({s}_carry[vc * {B} + vr, {span}], {s}_coef_a[0:{steps} * {B}, {span}],
+                {s}_coef_b[0:{steps} * {B}, {span}])
+        T.writes({s}_seq[{first} + {B}:{first} + {B} + {within} * {B}, {span}])
+        {u.local("acc")}
+{u.each(f"""        acc[{i}] = {s}_carry[vc * {B} + vr, {j}]""", 8)}
+        for t in range({within}):
+{u.each(f"""            acc[{i}] = {s}_coef_a[{row}, {j}] * acc[{i}] + {s}_coef_b[{row}, {j}]
+            {s}_seq[{row} + {B}, {j}] = T.Cast("{dtype}", acc[{i}])""", 12)}'''
