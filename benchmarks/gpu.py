@@ -200,8 +200,30 @@ def torch_cell(name, p):
         r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
         return ((1 - z) * torch.tanh(xn + r * hn) + z * h,)
 
+    def min_gru(x, h):
+        z, h_tilde = (x @ p["weight_ih"].T + p["bias_ih"]).chunk(2, 1)
+        z = torch.sigmoid(z)
+        return ((1 - z) * h + z * h_tilde,)
+
+    def min_lstm(x, h):
+        f, i, h_tilde = (x @ p["weight_ih"].T + p["bias_ih"]).chunk(3, 1)
+        f, i = torch.sigmoid(f), torch.sigmoid(i)
+        return (f / (f + i) * h + i / (f + i) * h_tilde,)
+
+    def sru(x, h, c):
+        xt, f, r = (x @ p["weight"].T).chunk(3, 1)
+        f, r = torch.sigmoid(f + p["bias_f"]), torch.sigmoid(r + p["bias_r"])
+        c2 = f * c + (1 - f) * xt
+        skip = x @ p["weight_skip"].T if "weight_skip" in p else x
+        return r * torch.tanh(c2) + (1 - r) * skip, c2
+
+    def rglru(x, h):
+        r, i, u = (x @ p["weight_ih"].T + p["bias_ih"]).chunk(3, 1)
+        log_a = -8 * torch.sigmoid(r) * torch.nn.functional.softplus(-p["log_a"])
+        return (torch.exp(log_a) * h + torch.sqrt(-torch.expm1(2 * log_a)) * (torch.sigmoid(i) * u),)
+
     return {"PeepholeLSTM": peephole, "ResetBeforeGRU": reset_before, "LayerNormLSTM": layer_norm_lstm,
-            "LayerNormGRU": layer_norm_gru}[name]
+            "LayerNormGRU": layer_norm_gru, "MinGRU": min_gru, "MinLSTM": min_lstm, "SRU": sru, "RGLRU": rglru}[name]
 
 
 def bench_jobs(shapes, cells, dtypes, target, every_recipe):

@@ -21,6 +21,7 @@ _WHERE = {
     "Cell": "cell", "Params": "cell",
     "LSTM": "cells", "GRU": "cells", "PeepholeLSTM": "cells", "ResetBeforeGRU": "cells",
     "LayerNormLSTM": "cells", "LayerNormGRU": "cells",
+    "MinGRU": "cells", "MinLSTM": "cells", "SRU": "cells", "RGLRU": "cells",
     "compile": "compiler", "CompiledCell": "compiler",
     "compile_backward": "gradients", "reference_backward": "gradients", "lower_backward": "backward",
     "AdjointCell": "adjoint",

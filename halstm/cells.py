@@ -7,9 +7,10 @@ torch.nn.LSTM/GRU (layer 0) is their parameter dict as it is.
 from __future__ import annotations
 
 import numpy as np
+from tvm import te, tirx
 
 from .cell import Cell
-from .ops import layer_norm, linear, matmul, sigmoid, split, tanh
+from .ops import exp, layer_norm, linear, matmul, sigmoid, split, sqrt, tanh
 
 
 class LSTM(Cell):
@@ -152,6 +153,123 @@ class LayerNormGRU(Cell):
         return (1.0 - z) * n + z * h
 
 
+# Cells whose state update is linear and elementwise in the state: h' = a(x) h + b(x)
+
+
+class MinGRU(Cell):
+    """z, h~ = split(W x + b); z = sigmoid(z); h' = (1 - z) h + z h~ (Feng et al. 2024, "Were RNNs all we needed?")."""
+
+    biases = ("bias_ih",)
+
+    def parameters(self):
+        I, H = self.input_size, self.hidden_size
+        return {"weight_ih": (2 * H, I), "bias_ih": (2 * H,)}
+
+    def step(self, p, x, h):
+        z, h_tilde = split(linear(x, p.weight_ih, p.bias_ih), 2)
+        z = sigmoid(z)
+        return (1.0 - z) * h + z * h_tilde
+
+
+class MinLSTM(Cell):
+    """f, i, h~ = split(W x + b); f, i = sigmoid(f), sigmoid(i); h' = (f h + i h~) / (f + i) (Feng et al. 2024)."""
+
+    biases = ("bias_ih",)
+
+    def parameters(self):
+        I, H = self.input_size, self.hidden_size
+        return {"weight_ih": (3 * H, I), "bias_ih": (3 * H,)}
+
+    def step(self, p, x, h):
+        f, i, h_tilde = split(linear(x, p.weight_ih, p.bias_ih), 3)
+        f = sigmoid(f)
+        i = sigmoid(i)
+        total = f + i
+        return f / total * h + i / total * h_tilde
+
+
+class SRU(Cell):
+    """x~, f, r = split(W x); f, r = sigmoid(f + b_f), sigmoid(r + b_r); c' = f c + (1 - f) x~;
+    h' = r tanh(c') + (1 - r) x (Lei et al. 2017, "Training RNNs as fast as CNNs", without peepholes).
+
+    Where input_size != hidden_size, the highway carries W_skip x instead of x, as Lei et al. do.
+    """
+
+    states = ("h", "c")
+    biases = ("bias_f", "bias_r")
+
+    def parameters(self):
+        I, H = self.input_size, self.hidden_size
+        params = {"weight": (3 * H, I), "bias_f": (H,), "bias_r": (H,)}
+        if I != H:
+            params["weight_skip"] = (H, I)
+        return params
+
+    def step(self, p, x, h, c):
+        xt, f, r = split(matmul(x, p.weight), 3)
+        f = sigmoid(f + p.bias_f)
+        r = sigmoid(r + p.bias_r)
+        c = f * c + (1.0 - f) * xt
+        skip = x if self.input_size == self.hidden_size else matmul(x, p.weight_skip)
+        return r * tanh(c) + (1.0 - r) * skip, c
+
+
+class RGLRU(Cell):
+    """r, i, u = split(W x + b); a_t = sigmoid(Lambda)^(8 sigmoid(r)); h' = a_t h + sqrt(1 - a_t^2) (sigmoid(i) u)
+    (Griffin's RG-LRU, De et al. 2024, its input projected).
+
+    ``log_a`` is Lambda, initialised so that sigmoid(Lambda)^8 is uniform in [0.9, 0.999] as in
+    Griffin. a_t is then within 1e-3 of 1: log a_t = -8 r log1p(exp(-Lambda)) and 1 - a_t^2 =
+    -expm1(2 log a_t) are computed without the cancellation of 1 + small and 1 - a_t^2.
+    """
+
+    biases = ("bias_ih",)
+
+    def parameters(self):
+        I, H = self.input_size, self.hidden_size
+        return {"weight_ih": (3 * H, I), "bias_ih": (3 * H,), "log_a": (H,)}
+
+    def init_parameters(self, seed=None, dtype="float32"):
+        params = super().init_parameters(seed, dtype)
+        rng = np.random.default_rng(None if seed is None else seed + 1)
+        a = rng.uniform(0.9, 0.999, self.hidden_size) ** (1 / 8)
+        params["log_a"] = (np.log(a) - np.log1p(-a)).astype(params["log_a"].dtype)  # logit(a)
+        return params
+
+    def step(self, p, x, h):
+        r, i, u = split(linear(x, p.weight_ih, p.bias_ih), 3)
+        r = sigmoid(r)
+        i = sigmoid(i)
+        log_a = r * _log1p(exp(-p.log_a)) * -8.0  # -8 r softplus(-Lambda)
+        return exp(log_a) * h + sqrt(_one_minus_exp(log_a * 2.0)) * (i * u)
+
+
+def _elementwise(t: te.Tensor, f, name: str) -> te.Tensor:
+    return te.compute(t.shape, lambda *i: f(t(*i)), name=name)
+
+
+def _log1p(t: te.Tensor) -> te.Tensor:
+    """log(1 + t) for t >= 0; below 1/4, 2 atanh(z) with z = t / (2 + t) as its series (to 1e-9)."""
+    def value(v):
+        z = v / (2.0 + v)
+        z2 = z * z
+        series = 2.0 * z * (1.0 + z2 * (1 / 3 + z2 * (1 / 5 + z2 * (1 / 7 + z2 * (1 / 9)))))
+        return tirx.Select(v < 0.25, series, tirx.log(1.0 + v))
+
+    return _elementwise(t, value, "log1p")
+
+
+def _one_minus_exp(t: te.Tensor) -> te.Tensor:
+    """1 - exp(t) (-expm1) for t <= 0; above -1/4, its Taylor series (to 1e-10)."""
+    def value(v):
+        series = 1.0
+        for k in range(9, 1, -1):
+            series = 1.0 + v * series / float(k)
+        return tirx.Select(v > -0.25, -v * series, 1.0 - tirx.exp(v))
+
+    return _elementwise(t, value, "one_minus_exp")
+
+
 def _unit_gains(params: dict, gains: tuple, seed: int | None) -> dict:
     """Layer-norm gains near 1 (as torch initialises them, with a spread so that tests see them)."""
     rng = np.random.default_rng(None if seed is None else seed + 1)
@@ -161,4 +279,5 @@ def _unit_gains(params: dict, gains: tuple, seed: int | None) -> dict:
     return params
 
 
-BUILTIN = {c.__name__: c for c in (LSTM, GRU, PeepholeLSTM, ResetBeforeGRU, LayerNormLSTM, LayerNormGRU)}
+BUILTIN = {c.__name__: c for c in (LSTM, GRU, PeepholeLSTM, ResetBeforeGRU, LayerNormLSTM, LayerNormGRU,
+                                   MinGRU, MinLSTM, SRU, RGLRU)}

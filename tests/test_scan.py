@@ -1,0 +1,200 @@
+"""Diagonal recurrences as scans: which cells the planner scans and why not the others
+(``halstm.diagonal``), the scan's function (``halstm.scan``) under its recipes against float64 —
+serial and chunked, any T, long sequences — and the backward, whose reversed loop scans too."""
+
+import numpy as np
+import pytest
+from conftest import TOLERANCE, gpu_available, random_inputs, rel_err, upcast
+from tvm import te
+
+import halstm
+import halstm.nn
+from halstm import linear, sigmoid, split, tanh
+from halstm.targets import CudaTarget
+
+H100 = CudaTarget("sm_90", sms=132)
+SCANNED = [halstm.MinGRU, halstm.MinLSTM, halstm.SRU, halstm.RGLRU]
+
+
+class Squared(halstm.Cell):
+    def parameters(self):
+        return {"w": (self.hidden_size, self.input_size)}
+
+    def step(self, p, x, h):
+        return linear(x, p.w) + h * h
+
+
+class Flipped(halstm.Cell):
+    def parameters(self):
+        return {"w": (self.hidden_size, self.input_size)}
+
+    def step(self, p, x, h):
+        H = self.hidden_size
+        return linear(x, p.w) + te.compute(h.shape, lambda b, n: h[b, H - 1 - n], name="flipped")
+
+
+class Squashed(halstm.Cell):
+    def parameters(self):
+        return {"w": (self.hidden_size, self.input_size)}
+
+    def step(self, p, x, h):
+        return tanh(linear(x, p.w) + h)
+
+
+class Coupled(halstm.Cell):
+    """h' = f h + c: h's b reads c, itself scanned (a triangular system, not scanned)."""
+
+    states = ("h", "c")
+
+    def parameters(self):
+        return {"w": (2 * self.hidden_size, self.input_size)}
+
+    def step(self, p, x, h, c):
+        f, g = split(linear(x, p.w), 2)
+        return sigmoid(f) * h + c, sigmoid(g) * c
+
+
+class Gated(halstm.Cell):
+    """h's coefficient reads g, a state computed from x alone: a state first, then the scan."""
+
+    states = ("h", "g")
+
+    def parameters(self):
+        return {"w": (2 * self.hidden_size, self.input_size)}
+
+    def step(self, p, x, h, g):
+        f, u = split(linear(x, p.w), 2)
+        return sigmoid(g) * h + u, f
+
+
+@pytest.mark.parametrize("cell_type", SCANNED + [Gated], ids=lambda c: c.__name__)
+def test_diagonal_cells_scan(cell_type):
+    plan = halstm.make_plan(cell_type(6, 8))
+    assert plan.diagonal.scans, plan.diagonal.reason
+    assert "a parallel scan over T" in str(plan)
+    program = halstm.lower(cell_type(6, 8), 5, 2)
+    assert [r.name for r in halstm.schedules.recipes_for(program, halstm.targets.resolve("cpu"))][0] == "cpu-scan"
+    assert halstm.schedules.recipes_for(program, H100)[0].name == "cuda-scan"
+
+
+def test_what_each_state_is():
+    assert (halstm.make_plan(halstm.SRU(8, 8)).diagonal.scanned, halstm.make_plan(halstm.SRU(8, 8)).diagonal.derived) \
+        == (("c",), ("h",))
+    gated = halstm.make_plan(Gated(6, 8)).diagonal
+    assert (gated.first, gated.scanned, gated.derived) == (("g",), ("h",), ())
+
+
+@pytest.mark.parametrize("cell_type, words", [
+    (halstm.LSTM, "a state feeds a matmul"),
+    (Squared, "multiplies two values that depend on h"),
+    (Flipped, "reads h at other than its own element"),
+    (Squashed, "applies tirx.tanh to a value that depends on h"),
+    (Coupled, "reading state(s) c"),
+], ids=lambda v: v if isinstance(v, str) else v.__name__)
+def test_a_cell_that_is_not_diagonal_is_never_scanned(cell_type, words):
+    cell = cell_type(6, 8)
+    plan = halstm.make_plan(cell)
+    assert not plan.diagonal.scans and words in plan.diagonal.reason
+    assert f"no parallel scan over T: {plan.diagonal.reason}" in str(plan)
+    program = halstm.lower(cell, 5, 2)
+    for target in (halstm.targets.resolve("cpu"), H100):
+        assert not any(r.name.endswith("-scan") for r in halstm.schedules.recipes_for(program, target))
+    with pytest.raises(ValueError, match="does not apply"):
+        halstm.compile(cell, 5, 2, recipe="cpu-scan")
+
+
+def _check(cell, steps, batch, dtype, target, rng, knobs=None, calls=(None,)):
+    f = halstm.compile(cell, steps, batch, dtype, target, recipe=f"{target}-scan", knobs=knobs)
+    for T in calls:
+        x, params, states = random_inputs(cell, T or steps, batch, rng, dtype)
+        y, finals = f(x, params, states)
+        want_y, want = halstm.reference(cell, np.float64(x), upcast(params), upcast(states))
+        assert rel_err(y, want_y) < TOLERANCE[dtype]
+        for s in cell.states:
+            assert rel_err(finals[s], want[s]) < TOLERANCE[dtype], s
+
+
+@pytest.mark.parametrize("chunk", [0, 4, 5], ids=["serial", "chunks", "ragged-chunks"])
+@pytest.mark.parametrize("cell_type", SCANNED + [Gated], ids=lambda c: c.__name__)
+def test_cpu_scan_matches_float64(cell_type, chunk, rng):
+    _check(cell_type(6, 16), 13, 3, "float32", "cpu", rng, {"chunk": chunk})
+
+
+@pytest.mark.parametrize("chunk", [0, 4])
+def test_cpu_scan_for_any_length(chunk, rng):
+    _check(halstm.SRU(6, 16), None, 3, "float32", "cpu", rng, {"chunk": chunk}, calls=(1, 4, 11))
+
+
+def test_units_that_are_not_whole_vectors(rng):
+    _check(halstm.MinGRU(5, 7), 9, 2, "float32", "cpu", rng)
+
+
+@pytest.mark.parametrize("chunk", [0, 64])
+def test_long_sequence_against_float64(chunk, rng):
+    """T = 65536: the scan in float32 within float32's tolerance of the recurrence in float64, a
+    decaying one (products of a underflow within a chunk) and one that keeps its state."""
+    T, B, H = 65536, 1, 16
+    cell = halstm.MinGRU(4, H)
+    f = halstm.compile(cell, T, B, "float32", "cpu", recipe="cpu-scan", knobs={"chunk": chunk})
+    x, params, states = random_inputs(cell, T, B, rng)
+    params["bias_ih"][:H] = np.linspace(-12, 4, H)  # z from ~1e-5 (a ~ 1: long memory) to ~1 (a ~ 0)
+    y, _ = f(x, params, states)
+    p = upcast(params)
+    gates = np.float64(x).reshape(T * B, -1) @ p["weight_ih"].T + p["bias_ih"]
+    z, u = 1 / (1 + np.exp(-gates[:, :H])), gates[:, H:]
+    h, want = upcast(states)["h"][0], np.empty((T, H))
+    for t in range(T):
+        h = (1 - z[t]) * h + z[t] * u[t]
+        want[t] = h
+    assert rel_err(y[:, 0], want) < TOLERANCE["float32"]
+
+
+def test_backward_scans_its_reversed_loop(rng):
+    """halstm.nn.RNN of SRU cells trains: the reversed loop (the adjoint cell: dh first, dc scanned,
+    the total adjoints after) runs as a scan, the gradients as torch autograd's in float64."""
+    torch = pytest.importorskip("torch")
+    from halstm.gradients import compile_backward
+
+    cell = halstm.SRU(8, 8)
+    assert compile_backward(cell, None, 2, "float32", "cpu").adjoint.recipe.name == "cpu-scan"
+    model = halstm.nn.RNN(halstm.SRU, 8, 8)
+    x = torch.from_numpy(rng.standard_normal((9, 2, 8)).astype(np.float32)).requires_grad_()
+    hx = tuple(torch.from_numpy(0.5 * rng.standard_normal((1, 2, 8)).astype(np.float32)).requires_grad_()
+               for _ in cell.states)
+    dy = torch.from_numpy(rng.standard_normal((9, 2, 8)).astype(np.float32))
+    y, _ = model(x, hx)
+    y.backward(dy)
+    leaves = {n: p.detach().double().requires_grad_() for n, p in model.named_parameters()}
+    x64 = x.detach().double().requires_grad_()
+    h, c = (s.detach().double()[0].requires_grad_() for s in hx)
+    start, ys = (h, c), []
+    for t in range(9):
+        xt, f, r = (x64[t] @ leaves["weight_l0"].T).chunk(3, 1)
+        f, r = torch.sigmoid(f + leaves["bias_f_l0"]), torch.sigmoid(r + leaves["bias_r_l0"])
+        c = f * c + (1 - f) * xt
+        h = r * torch.tanh(c) + (1 - r) * x64[t]
+        ys.append(h)
+    (torch.stack(ys) * dy.double()).sum().backward()
+    assert start[0].grad is None and not hx[0].grad.any()  # the step never reads h
+    pairs = [(x.grad, x64.grad), (hx[1].grad[0], start[1].grad),
+             *((p.grad, leaves[n].grad) for n, p in model.named_parameters())]
+    for got, want in pairs:
+        assert rel_err(got.numpy(), want.numpy()) < TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("cell_type", [halstm.MinGRU, halstm.SRU], ids=lambda c: c.__name__)
+def test_cuda_scan_compiles_for_h100(cell_type):
+    """Serial, chunked and for any T: TVM lowers and nvcc compiles each (run on a GPU below)."""
+    for steps, dtype, chunk in ((64, "float32", 16), (64, "bfloat16", 0), (None, "float16", 16)):
+        f = halstm.compile(cell_type(32, 32), steps, 4, dtype, H100, recipe="cuda-scan", knobs={"chunk": chunk})
+        assert f.recipe.name == "cuda-scan"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("chunk", [0, 16, 64])
+@pytest.mark.parametrize("cell_type", SCANNED, ids=lambda c: c.__name__)
+def test_cuda_scan_matches_float64(cell_type, chunk, dtype, rng):
+    _check(cell_type(64, 64), 200, 4, dtype, "cuda", rng, {"chunk": chunk})
+    _check(cell_type(64, 64), None, 4, dtype, "cuda", rng, {"chunk": chunk}, calls=(3, 150))
