@@ -40,12 +40,9 @@ SCAN_BLOCKS = ("chunk_", "carry_", "apply_", "scan_")  # name prefixes of the sc
 CARRY = "float64"
 
 
-def scan_source(program: Program, chunk: int, lanes: int = 1) -> str:
-    """The TVMScript of ``program``'s sequence as a scan, chunks of ``chunk`` steps (0: none). A
-    pass keeps its running values in ``lanes`` of a local buffer, indexed by the unit modulo
-    ``lanes``: a recipe that vectorises the units by that many lanes makes them one vector (a
-    buffer of one element, which TVM 0.27's vectoriser took as one value for all lanes, gave every
-    lane the last one's)."""
+def scan_source(program: Program, chunk: int, lanes: int = 1, group: int | None = None) -> str:
+    """The TVMScript of ``program``'s sequence as a scan, chunks of ``chunk`` steps (0: none), a
+    block of a pass over ``group`` units (``lanes`` by default) in vectors of ``lanes`` (``_Units``)."""
     plan, T, B, dtype = program.plan, program.steps, program.batch, program.dtype
     diagonal = plan.diagonal
     if not diagonal.scans:
@@ -72,8 +69,9 @@ def scan_source(program: Program, chunk: int, lanes: int = 1) -> str:
     for s in (*diagonal.first, *diagonal.derived):
         scan.append(_init(s, B, plan.cell.hidden_size))
     for s in diagonal.scanned:
-        scan.append(_chunked(s, B, plan.cell.hidden_size, dtype, steps, lanes, chunk, chunks) if chunk
-                    else _serial(s, B, plan.cell.hidden_size, dtype, steps, lanes))
+        units = _Units(lanes, group or lanes)
+        scan.append(_chunked(s, B, plan.cell.hidden_size, dtype, steps, units, chunk, chunks) if chunk
+                    else _serial(s, B, plan.cell.hidden_size, dtype, steps, units))
     parts.append(f'with T.sblock("scan"):\n{indent(scan, 4)}')
     if diagonal.derived:
         parts.append(_scope("derived", _states(program, diagonal.derived), program, rows))
@@ -145,36 +143,40 @@ def _init(s: str, B: int, H: int) -> str:
 
 
 class _Units:
-    """How a pass's block indexes its units: a block an element (``lanes`` 1), or a block a vector
-    of ``lanes`` units, each statement over them in a vectorised loop inside the block (a running
-    value in a local buffer of one element a block, vectorised from outside it, was taken by TVM 0.27
-    as one value for every lane: the buffer is compacted to the one element a block instance
-    touches)."""
+    """How a pass's block indexes its units: a block an element (``group`` 1), or a block ``group``
+    units, ``group / lanes`` vectors of ``lanes``, each statement over them in loops inside the block,
+    the lanes' one vectorised. (A running value in a local buffer of one element a block, vectorised
+    from outside the block, was taken by TVM 0.27 as one value for every lane: the buffer is compacted
+    to the one element a block instance touches.)"""
 
-    def __init__(self, lanes: int):
-        self.lanes = lanes
-        self.j = "vj" if lanes == 1 else f"vj * {lanes} + l"  # a unit, in the block's body
-        self.i = "0" if lanes == 1 else "l"  # its lane of a running value
+    def __init__(self, lanes: int, group: int):
+        self.lanes, self.group, self.vectors = lanes, group, group // lanes
+        within = [f"v * {lanes}"] * (self.vectors > 1) + ["l"] * (lanes > 1)
+        self.i = " + ".join(within) or "0"  # a unit's place in the block's running values
+        self.j = "vj" if group == 1 else f"vj * {group} + {self.i}"  # the unit, in the block's body
+
+    def blocks(self, H: int) -> int:
+        return H // self.group
 
     def span(self) -> str:
         """The block's units, as a region."""
-        return "vj" if self.lanes == 1 else f"vj * {self.lanes}:vj * {self.lanes} + {self.lanes}"
+        return "vj" if self.group == 1 else f"vj * {self.group}:vj * {self.group} + {self.group}"
 
     def each(self, lines: str, depth: int) -> str:
         """``lines`` (at indentation ``depth``) for each unit of the block."""
-        if self.lanes == 1:
-            return lines
-        pad = " " * depth
-        return f"{pad}for l in T.vectorized({self.lanes}):\n" + textwrap.indent(lines, "    ")
+        if self.lanes > 1:
+            lines = f"{' ' * depth}for l in T.vectorized({self.lanes}):\n" + textwrap.indent(lines, "    ")
+        if self.vectors > 1:
+            lines = f"{' ' * depth}for v in range({self.vectors}):\n" + textwrap.indent(lines, "    ")
+        return lines
 
     def local(self, name: str, dtype: str = "float32") -> str:
-        return f'{name} = T.sblock_alloc_buffer(({self.lanes},), "{dtype}", scope="local")'
+        return f'{name} = T.sblock_alloc_buffer(({self.group},), "{dtype}", scope="local")'
 
 
-def _serial(s: str, B: int, H: int, dtype: str, steps, lanes: int) -> str:
-    u = _Units(lanes)
+def _serial(s: str, B: int, H: int, dtype: str, steps, u: _Units) -> str:
     j, i = u.j, u.i
-    return f'''for r, j in T.grid({B}, {H // lanes}):
+    return f'''for r, j in T.grid({B}, {u.blocks(H)}):
     with T.sblock("scan_{s}"):
         vr, vj = T.axis.remap("SS", [r, j])
         T.reads({s}0[vr, {u.span()}], {s}_coef_a[0:{steps} * {B}, {u.span()}],
@@ -188,13 +190,12 @@ def _serial(s: str, B: int, H: int, dtype: str, steps, lanes: int) -> str:
             {s}_seq[(t + 1) * {B} + vr, {j}] = T.Cast("{dtype}", acc[{i}])""", 12)}'''
 
 
-def _chunked(s: str, B: int, H: int, dtype: str, steps, lanes: int, L: int, chunks) -> str:
-    u = _Units(lanes)
+def _chunked(s: str, B: int, H: int, dtype: str, steps, u: _Units, L: int, chunks) -> str:
     j, i, span = u.j, u.i, u.span()
     row = f"(vc * {L} + t) * {B} + vr"
     first = f"vc * {L * B} + vr"
     within = f"T.min({L}, {steps} - vc * {L})"
-    return f'''for c, r, j in T.grid({chunks}, {B}, {H // lanes}):
+    return f'''for c, r, j in T.grid({chunks}, {B}, {u.blocks(H)}):
     with T.sblock("chunk_{s}"):
         vc, vr, vj = T.axis.remap("SSS", [c, r, j])
         T.reads({s}_coef_a[0:{steps} * {B}, {span}], {s}_coef_b[0:{steps} * {B}, {span}])
@@ -208,7 +209,7 @@ def _chunked(s: str, B: int, H: int, dtype: str, steps, lanes: int, L: int, chun
             acc[{i}] = T.Cast("{CARRY}", {s}_coef_a[{row}, {j}]) * acc[{i}] + T.Cast("{CARRY}", {s}_coef_b[{row}, {j}])""", 12)}
 {u.each(f"""        {s}_prod[vc * {B} + vr, {j}] = prod[{i}]
         {s}_part[vc * {B} + vr, {j}] = acc[{i}]""", 8)}
-for r, j in T.grid({B}, {H // lanes}):
+for r, j in T.grid({B}, {u.blocks(H)}):
     with T.sblock("carry_{s}"):
         vr, vj = T.axis.remap("SS", [r, j])
         T.reads({s}0[vr, {span}], {s}_prod[vr:vr + {chunks} * {B}, {span}], {s}_part[vr:vr + {chunks} * {B}, {span}])
@@ -219,7 +220,7 @@ for r, j in T.grid({B}, {H // lanes}):
         for c in range({chunks}):
 {u.each(f"""            {s}_carry[c * {B} + vr, {j}] = acc[{i}]
             acc[{i}] = {s}_prod[c * {B} + vr, {j}] * acc[{i}] + {s}_part[c * {B} + vr, {j}]""", 12)}
-for c, r, j in T.grid({chunks}, {B}, {H // lanes}):
+for c, r, j in T.grid({chunks}, {B}, {u.blocks(H)}):
     with T.sblock("apply_{s}"):
         vc, vr, vj = T.axis.remap("SSS", [c, r, j])
         T.reads({s}_carry[vc * {B} + vr, {span}], {s}_coef_a[0:{steps} * {B}, {span}],

@@ -32,8 +32,8 @@ def scans(program) -> bool:
     return program.plan.diagonal.scans
 
 
-def _scan_function(program, chunk: int, lanes: int = 1) -> Schedule:
-    return Schedule(tvm.IRModule({"main": tvm.script.from_source(scan_source(program, chunk, lanes))}))
+def _scan_function(program, chunk: int, lanes: int = 1, group: int | None = None) -> Schedule:
+    return Schedule(tvm.IRModule({"main": tvm.script.from_source(scan_source(program, chunk, lanes, group))}))
 
 
 def _passes(sch: Schedule) -> list:
@@ -52,21 +52,25 @@ def _elementwise_scopes(program, chunk: int) -> list[str]:
 
 
 class CpuScan(CpuStepLoop):
-    """The scan on the CPU; the step loop's knobs for the hoisted GEMM."""
+    """The scan on the CPU. Knobs: ``chunk``; ``units`` a task runs (each step it reads that many
+    consecutive units of a row: whole cache lines, where one vector a task, every step a new
+    line 16 KiB on, stalled on memory); the step loop's for the hoisted GEMM."""
 
     name = "cpu-scan"
-    knobs = {"chunk": (0, 64, 256), **CpuStepLoop.knobs}
+    knobs = {"chunk": (0, 64, 256), "units": (256, 64, 1024), **CpuStepLoop.knobs}
 
     def is_applicable(self, program, target) -> bool:
         return target.kind == "cpu" and scans(program)
 
     def valid(self, program, target, knobs) -> bool:
-        return super().valid(program, target, knobs) and (knobs["chunk"] == 0 or program.longest > knobs["chunk"])
+        return (super().valid(program, target, knobs) and (knobs["chunk"] == 0 or program.longest > knobs["chunk"])
+                and _group(program, target, knobs) == min(knobs["units"], program.cell.hidden_size))
 
     def apply(self, program, target, **knobs) -> Schedule:
         k = self.resolve(program, target, knobs)
-        lanes = target.lanes if program.cell.hidden_size % target.lanes == 0 else 1
-        sch = _scan_function(program, k["chunk"], lanes)
+        H = program.cell.hidden_size
+        lanes = target.lanes if H % target.lanes == 0 else 1
+        sch = _scan_function(program, k["chunk"], lanes, _group(program, target, k))
         self.schedule_scope(sch, "prologue", program, target, k)
         for scope in _elementwise_scopes(program, k["chunk"]):
             self.schedule_scope(sch, scope, program, target, k)
@@ -75,6 +79,15 @@ class CpuScan(CpuStepLoop):
             _tasks(sch, block)
         self.schedule_scope(sch, "scan", program, target, k, apart=passes)
         return sch
+
+
+def _group(program, target, knobs) -> int:
+    """The units of a task: the knob's where they are whole vectors dividing H, else the most
+    vectors up to it that divide H, else one unit (H not whole vectors)."""
+    H, lanes = program.cell.hidden_size, target.lanes
+    if H % lanes:
+        return 1
+    return max(g for g in range(lanes, min(knobs["units"], H) + 1, lanes) if H % g == 0)
 
 
 def _tasks(sch: Schedule, block) -> None:

@@ -125,8 +125,11 @@ def test_cpu_scan_for_any_length(chunk, rng):
     _check(halstm.SRU(6, 16), None, 3, "float32", "cpu", rng, {"chunk": chunk}, calls=(1, 4, 11))
 
 
-def test_units_that_are_not_whole_vectors(rng):
-    _check(halstm.MinGRU(5, 7), 9, 2, "float32", "cpu", rng)
+@pytest.mark.parametrize("hidden, units", [(7, 256), (64, 32), (96, 64)], ids=["ragged", "two-vectors", "of-96"])
+def test_units_a_task(hidden, units, rng):
+    """A task over one unit (H not whole vectors), or over several vectors of units."""
+    for chunk in (0, 5):
+        _check(halstm.SRU(5, hidden), 9, 2, "float32", "cpu", rng, {"chunk": chunk, "units": units})
 
 
 @pytest.mark.parametrize("chunk", [0, 64])
