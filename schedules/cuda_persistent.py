@@ -234,13 +234,7 @@ class CudaPersistent(Recipe):
         poll_waiters and merge_variances where they change nothing (the operand is not staged anyway,
         or cannot stream; no state is polled; no warp's weight fragments fit in registers; no
         variance): each would only repeat a candidate."""
-        first = {n: knobs[n] == self.knobs[n][0] for n in ("tc_hoisted_frags", "wgmma")}
-        hoisted = prologue_knobs(program, target, knobs)
-        wmma = use_tensor_cores(hoisted, program, target) and not on_wgmma(hoisted, program, target)
-        wgmma = (wgmma_available(program.dtype, target, program.allow_tf32)
-                 or split_tf32(prologue_knobs(program, target, {**knobs, "wgmma": True}), program, target, True))
-        if not ((first["tc_hoisted_frags"] or wmma) and (first["wgmma"] or wgmma)
-                and self.runs(program, target, knobs)):
+        if not (hoisted_knobs_matter(self, program, target, knobs) and self.runs(program, target, knobs)):
             return False
         kernel = PersistentKernel.plan(program, target, knobs)
         if not (knobs["poll_states"] or PersistentKernel.plan(program, target, {**knobs, "poll_states": True}).polled):
@@ -299,15 +293,33 @@ class CudaPersistent(Recipe):
         if kernel is None:
             return None
         sch = Schedule(tvm.IRModule({"main": kernel.func()}))
-        prologue = prologue_knobs(program, target, k)
-        inline_elementwise(sch, sch.get_sblock("prologue"))
-        gemms, others = child_blocks(sch, "prologue", program)
-        for gemm in gemms:  # the hoisted GEMM as the step loop runs it (tensor cores for fp16/bf16)
-            schedule_gemm(sch, gemm, prologue, program, target, step=False)
-        for block in others:
-            if not schedule_transpose(sch, block):
-                bind_flat(sch, block, prologue["threads"])
+        schedule_prologue(sch, program, target, k)
         return sch
+
+
+def schedule_prologue(sch: Schedule, program, target, knobs: dict) -> None:
+    """The hoisted GEMMs alone (``skeleton(hoisted_only=True)``), as the step loop runs them (tensor
+    cores for fp16/bf16), with ``knobs``' tc_hoisted_frags and wgmma."""
+    prologue = prologue_knobs(program, target, knobs)
+    inline_elementwise(sch, sch.get_sblock("prologue"))
+    gemms, others = child_blocks(sch, "prologue", program)
+    for gemm in gemms:
+        schedule_gemm(sch, gemm, prologue, program, target, step=False)
+    for block in others:
+        if not schedule_transpose(sch, block):
+            bind_flat(sch, block, prologue["threads"])
+
+
+def hoisted_knobs_matter(recipe, program, target, knobs: dict) -> bool:
+    """Whether ``knobs``' tc_hoisted_frags and wgmma each are at the recipe's first value or change
+    the hoisted GEMM (on WMMA tensor cores; wgmma where there is one): a setting that only repeats
+    another is not worth measuring."""
+    first = {n: knobs[n] == recipe.knobs[n][0] for n in ("tc_hoisted_frags", "wgmma")}
+    hoisted = prologue_knobs(program, target, knobs)
+    wmma = use_tensor_cores(hoisted, program, target) and not on_wgmma(hoisted, program, target)
+    wgmma = (wgmma_available(program.dtype, target, program.allow_tf32)
+             or split_tf32(prologue_knobs(program, target, {**knobs, "wgmma": True}), program, target, True))
+    return (first["tc_hoisted_frags"] or wmma) and (first["wgmma"] or wgmma)
 
 
 def _row_blocks(recipe, program, target, knobs) -> dict:

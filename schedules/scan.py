@@ -22,10 +22,9 @@ from halstm.lowering import PackedLayout
 from halstm.scan import SCAN_BLOCKS, fuses, scan_source
 
 from .cpu import CpuStepLoop
-from .cuda_blocks import bind_flat, schedule_transpose
-from .cuda_gemm import schedule_gemm
-from .cuda_persistent import CudaPersistent, prologue_knobs, step_loop_defaults
-from .recipe import Recipe, child_blocks, inline_elementwise, merge_next_states
+from .cuda_blocks import bind_flat
+from .cuda_persistent import CudaPersistent, hoisted_knobs_matter, schedule_prologue, step_loop_defaults
+from .recipe import Recipe, inline_elementwise, merge_next_states
 
 
 def scans(program) -> bool:
@@ -116,19 +115,13 @@ class CudaScan(Recipe):
         return CudaPersistent().layout(program, target, knobs)
 
     def valid(self, program, target, knobs) -> bool:
-        return knobs["chunk"] == 0 or program.longest > knobs["chunk"]
+        return (knobs["chunk"] == 0 or program.longest > knobs["chunk"]) and hoisted_knobs_matter(self, program, target,
+                                                                                                  knobs)
 
     def apply(self, program, target, **knobs) -> Schedule:
         k = self.resolve(program, target, knobs)
         sch = _scan_function(program, k["chunk"])
-        prologue = prologue_knobs(program, target, k)
-        inline_elementwise(sch, sch.get_sblock("prologue"))
-        gemms, others = child_blocks(sch, "prologue", program)
-        for gemm in gemms:
-            schedule_gemm(sch, gemm, prologue, program, target, step=False)
-        for block in others:
-            if not schedule_transpose(sch, block):
-                bind_flat(sch, block, prologue["threads"])
+        schedule_prologue(sch, program, target, k)
         passes = {sch.get(b).name_hint for b in _passes(sch)}
         for block in _passes(sch):  # before the coefficients inline into them (see _passes)
             bind_flat(sch, block, k["threads"])
