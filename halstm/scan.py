@@ -3,6 +3,7 @@
 The function's blocks, in order::
 
     prologue   the hoisted GEMMs over all T*B rows (``lowering.skeleton(hoisted_only=True)``)
+    initial    the initial values of the states the scan does not write
     first      the states computed from x alone (``Diagonal.first``), over all T*B rows
     scan       each scanned state s: its coefficients a, b over all T*B rows, taken from the cell's
                own expression of s' (``diagonal.split_affine``), then per element (b, j)
@@ -10,7 +11,8 @@ The function's blocks, in order::
                with ``chunk`` = 0 one serial loop over T an element; with ``chunk`` = L three passes
                over chunks of L steps: each chunk's product of a and its scan from zero (``chunk_s``),
                the state entering each chunk, serially over the chunks (``carry_s``), each chunk
-               again from it (``apply_s``): T / L times the parallelism for one more read of a, b
+               again from it (``apply_s``): T / L times the parallelism for one more read of a, b;
+               the chunks' products, partial scans and carries in float64 (``CARRY``)
     derived    the other states from x and the states' values, over all T*B rows
 
 The scan passes are blocks over the elements (and chunks), spatial, each running its steps in a
@@ -51,6 +53,9 @@ def scan_source(program: Program, chunk: int, lanes: int = 1, group: int | None 
     rows = sequence_rows(T, B)
     steps = T if T is not None else STEPS
     parts = []
+    if diagonal.first or diagonal.derived:  # the scans write their own
+        inits = [_init(s, B, plan.cell.hidden_size) for s in (*diagonal.first, *diagonal.derived)]
+        parts.append(f'with T.sblock("initial"):\n{indent(inits, 4)}')
     if diagonal.first:
         parts.append(_scope("first", _states(program, diagonal.first), program, rows))
     coefficients = _coefficients(program)
@@ -66,8 +71,6 @@ def scan_source(program: Program, chunk: int, lanes: int = 1, group: int | None 
     for s in diagonal.scanned if chunk else ():
         scan += [f'{s}_{c} = T.sblock_alloc_buffer(({chunks} * {B}, {plan.cell.hidden_size}), "{CARRY}")'
                  for c in ("prod", "part", "carry")]
-    for s in (*diagonal.first, *diagonal.derived):
-        scan.append(_init(s, B, plan.cell.hidden_size))
     for s in diagonal.scanned:
         units = _Units(lanes, group or lanes)
         scan.append(_chunked(s, B, plan.cell.hidden_size, dtype, steps, units, chunk, chunks) if chunk
@@ -103,7 +106,7 @@ def _views(func: tvm.tirx.PrimFunc, program: Program, rows) -> list[str]:
 
 
 def _traced(program: Program):
-    """The step traced over ``rows`` rows (all T*B): its inputs and its next states by name."""
+    """The step traced over all T*B rows: its trace, its next states and the states' float32 views by name."""
     step = trace_step(program.plan, steps_var(program.steps) * program.batch, program.dtype, program.layout)
     return step, dict(zip(program.cell.states, step.traced.next_states)), dict(zip(program.cell.states,
                                                                                    step.traced.states))

@@ -121,8 +121,11 @@ def test_cpu_scan_matches_float64(cell_type, chunk, rng):
 
 
 @pytest.mark.parametrize("chunk", [0, 4])
-def test_cpu_scan_for_any_length(chunk, rng):
-    _check(halstm.SRU(6, 16), None, 3, "float32", "cpu", rng, {"chunk": chunk}, calls=(1, 4, 11))
+@pytest.mark.parametrize("cell_type", [halstm.SRU, Gated], ids=lambda c: c.__name__)
+def test_cpu_scan_for_any_length(cell_type, chunk, rng):
+    """Chunked for any T, the coefficients are stored apart (``halstm.scan.fuses``): Gated's read
+    its first state g, from its initial value on."""
+    _check(cell_type(6, 16), None, 3, "float32", "cpu", rng, {"chunk": chunk}, calls=(1, 4, 11))
 
 
 @pytest.mark.parametrize("hidden, units", [(7, 256), (64, 32), (96, 64)], ids=["ragged", "two-vectors", "of-96"])
