@@ -155,24 +155,29 @@ def test_long_sequence_against_float64(chunk, rng):
     assert rel_err(y[:, 0], want) < TOLERANCE["float32"]
 
 
-def test_backward_scans_its_reversed_loop(rng):
+ON_GPU = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="no CUDA device")])
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_GPU])
+def test_backward_scans_its_reversed_loop(device, rng):
     """halstm.nn.RNN of SRU cells trains: the reversed loop (the adjoint cell: dh first, dc scanned,
     the total adjoints after) runs as a scan, the gradients as torch autograd's in float64."""
     torch = pytest.importorskip("torch")
     from halstm.gradients import compile_backward
 
     cell = halstm.SRU(8, 8)
-    assert compile_backward(cell, None, 2, "float32", "cpu").adjoint.recipe.name == "cpu-scan"
-    model = halstm.nn.RNN(halstm.SRU, 8, 8)
-    x = torch.from_numpy(rng.standard_normal((9, 2, 8)).astype(np.float32)).requires_grad_()
-    hx = tuple(torch.from_numpy(0.5 * rng.standard_normal((1, 2, 8)).astype(np.float32)).requires_grad_()
+    assert compile_backward(cell, 9, 2, "float32", device).adjoint.recipe.name == f"{device}-scan"
+    model = halstm.nn.RNN(halstm.SRU, 8, 8, device=device)
+    x = torch.from_numpy(rng.standard_normal((9, 2, 8)).astype(np.float32)).to(device).requires_grad_()
+    hx = tuple(torch.from_numpy(0.5 * rng.standard_normal((1, 2, 8)).astype(np.float32)).to(device).requires_grad_()
                for _ in cell.states)
-    dy = torch.from_numpy(rng.standard_normal((9, 2, 8)).astype(np.float32))
+    dy = torch.from_numpy(rng.standard_normal((9, 2, 8)).astype(np.float32)).to(device)
     y, _ = model(x, hx)
     y.backward(dy)
-    leaves = {n: p.detach().double().requires_grad_() for n, p in model.named_parameters()}
-    x64 = x.detach().double().requires_grad_()
-    h, c = (s.detach().double()[0].requires_grad_() for s in hx)
+    got = {"x": x.grad, "h0": hx[0].grad[0], "c0": hx[1].grad[0], **{n: p.grad for n, p in model.named_parameters()}}
+    leaves = {n: p.detach().cpu().double().requires_grad_() for n, p in model.named_parameters()}
+    x64 = x.detach().cpu().double().requires_grad_()
+    h, c = (s.detach().cpu().double()[0].requires_grad_() for s in hx)
     start, ys = (h, c), []
     for t in range(9):
         xt, f, r = (x64[t] @ leaves["weight_l0"].T).chunk(3, 1)
@@ -180,12 +185,11 @@ def test_backward_scans_its_reversed_loop(rng):
         c = f * c + (1 - f) * xt
         h = r * torch.tanh(c) + (1 - r) * x64[t]
         ys.append(h)
-    (torch.stack(ys) * dy.double()).sum().backward()
-    assert start[0].grad is None and not hx[0].grad.any()  # the step never reads h
-    pairs = [(x.grad, x64.grad), (hx[1].grad[0], start[1].grad),
-             *((p.grad, leaves[n].grad) for n, p in model.named_parameters())]
-    for got, want in pairs:
-        assert rel_err(got.numpy(), want.numpy()) < TOLERANCE["float32"]
+    (torch.stack(ys) * dy.cpu().double()).sum().backward()
+    assert start[0].grad is None and not got["h0"].any()  # the step never reads h
+    pairs = [(got["x"], x64.grad), (got["c0"], start[1].grad), *((got[n], leaves[n].grad) for n in leaves)]
+    for mine, want in pairs:
+        assert rel_err(mine.cpu().numpy(), want.numpy()) < TOLERANCE["float32"]
 
 
 @pytest.mark.parametrize("cell_type", [halstm.MinGRU, halstm.SRU], ids=lambda c: c.__name__)
