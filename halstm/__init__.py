@@ -27,7 +27,7 @@ _WHERE = {
     "AdjointCell": "adjoint",
     "lower": "lowering", "make_plan": "plan", "reference": "oracle",
     "matmul": "ops", "linear": "ops", "split": "ops", "sigmoid": "ops", "tanh": "ops", "exp": "ops",
-    "layer_norm": "ops",
+    "layer_norm": "ops", "log1p": "ops", "expm1": "ops",
     "export": "deploy", "load": "deploy",
     "tune": "tuner",
 }

@@ -7,10 +7,9 @@ torch.nn.LSTM/GRU (layer 0) is their parameter dict as it is.
 from __future__ import annotations
 
 import numpy as np
-from tvm import te, tirx
 
 from .cell import Cell
-from .ops import exp, layer_norm, linear, matmul, sigmoid, split, sqrt, tanh
+from .ops import exp, expm1, layer_norm, linear, log1p, matmul, sigmoid, split, sqrt, tanh
 
 
 class LSTM(Cell):
@@ -240,34 +239,8 @@ class RGLRU(Cell):
         r, i, u = split(linear(x, p.weight_ih, p.bias_ih), 3)
         r = sigmoid(r)
         i = sigmoid(i)
-        log_a = r * _log1p(exp(-p.log_a)) * -8.0  # -8 r softplus(-Lambda)
-        return exp(log_a) * h + sqrt(_one_minus_exp(log_a * 2.0)) * (i * u)
-
-
-def _elementwise(t: te.Tensor, f, name: str) -> te.Tensor:
-    return te.compute(t.shape, lambda *i: f(t(*i)), name=name)
-
-
-def _log1p(t: te.Tensor) -> te.Tensor:
-    """log(1 + t) for t >= 0; below 1/4, 2 atanh(z) with z = t / (2 + t) as its series (to 1e-9)."""
-    def value(v):
-        z = v / (2.0 + v)
-        z2 = z * z
-        series = 2.0 * z * (1.0 + z2 * (1 / 3 + z2 * (1 / 5 + z2 * (1 / 7 + z2 * (1 / 9)))))
-        return tirx.Select(v < 0.25, series, tirx.log(1.0 + v))
-
-    return _elementwise(t, value, "log1p")
-
-
-def _one_minus_exp(t: te.Tensor) -> te.Tensor:
-    """1 - exp(t) (-expm1) for t <= 0; above -1/4, its Taylor series (to 1e-10)."""
-    def value(v):
-        series = 1.0
-        for k in range(9, 1, -1):
-            series = 1.0 + v * series / float(k)
-        return tirx.Select(v > -0.25, -v * series, 1.0 - tirx.exp(v))
-
-    return _elementwise(t, value, "one_minus_exp")
+        log_a = r * log1p(exp(-p.log_a)) * -8.0  # -8 r softplus(-Lambda)
+        return exp(log_a) * h + sqrt(expm1(log_a * 2.0) * -1.0) * (i * u)  # sqrt(1 - a_t^2)
 
 
 def _unit_gains(params: dict, gains: tuple, seed: int | None) -> dict:

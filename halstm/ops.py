@@ -93,6 +93,33 @@ def relu(t: te.Tensor) -> te.Tensor:
     return _broadcast(lambda u, zero: tirx.Select(u < zero, zero, u), t, 0.0, "relu")
 
 
+SERIES_BELOW = 0.25  # |t| under which log1p and expm1 sum their series
+
+
+def log1p(t: te.Tensor) -> te.Tensor:
+    """log(1 + t), exact near 0, where 1 + t rounds (torch.log1p): for |t| < SERIES_BELOW, 2 atanh(z)
+    with z = t / (2 + t) as its series to z^9 (|z| < 1/7: within 1e-10 of it)."""
+    def value(v):
+        z = v / (2.0 + v)
+        z2 = z * z
+        series = 2.0 * z * (1.0 + z2 * (1 / 3 + z2 * (1 / 5 + z2 * (1 / 7 + z2 * (1 / 9)))))
+        return tirx.Select(v * v < SERIES_BELOW * SERIES_BELOW, series, tirx.log(1.0 + v))
+
+    return te.compute(t.shape, lambda *i: value(t(*i)), name="log1p")
+
+
+def expm1(t: te.Tensor) -> te.Tensor:
+    """exp(t) - 1, exact near 0, where exp(t) - 1 cancels (torch.expm1): for |t| < SERIES_BELOW its
+    Taylor series to t^9 / 9! (within 1e-12 of it)."""
+    def value(v):
+        series = 1.0
+        for k in range(9, 1, -1):
+            series = 1.0 + v * series / float(k)
+        return tirx.Select(v * v < SERIES_BELOW * SERIES_BELOW, v * series, tirx.exp(v) - 1.0)
+
+    return te.compute(t.shape, lambda *i: value(t(*i)), name="expm1")
+
+
 _tracers: list = []
 
 

@@ -145,3 +145,21 @@ def test_rglru_initialises_the_decay_as_griffin():
     assert np.array_equal(params["weight_ih"], halstm.Cell.init_parameters(cell, 3)["weight_ih"])
     assert cell.bias_parameters() == ("bias_ih",)
     assert cell.init_parameters(seed=0, dtype="float16")["log_a"].dtype == np.float16
+
+
+def test_log1p_and_expm1_are_exact_near_zero():
+    """float32 within its rounding of float64 on both sides of the series' threshold, where
+    log(1 + t) and exp(t) - 1 would cancel (t = 3e-5: log(1 + t) in float32 is 1e-3 off)."""
+    import tvm
+    from tvm import te
+
+    from halstm.ops import expm1, log1p
+
+    t = np.array([-0.6, -0.25, -0.2, -1e-6, 3e-5, 0.2, 0.25, 5.0], np.float32)
+    x = te.placeholder(t.shape, "float32", name="x")
+    for op, want in ((log1p, np.log1p), (expm1, np.expm1)):
+        f = tvm.compile(te.create_prim_func([x, op(x)]), "llvm")
+        out = tvm.runtime.tensor(np.zeros_like(t))
+        f(tvm.runtime.tensor(t), out)
+        exact = want(t.astype(np.float64))
+        assert np.all(np.abs(out.numpy() - exact) <= 2e-7 * np.abs(exact)), op.__name__
