@@ -88,7 +88,7 @@ def test_cuda_recipes_schedule_any_length(cell_type, recipe, dtype, input_size, 
     cell = cell_type(input_size, 64)
     program = lower(cell, None, batch, dtype)
     if not recipe.is_applicable(program, H100):
-        assert recipe.name == "cuda-persistent", f"the step loop serves every cell ({cell!r}, {dtype})"
+        assert recipe.name != "cuda-step-loop", f"the step loop serves every cell ({cell!r}, {dtype})"
         pytest.skip(f"{recipe.name} does not apply")
     knobs = recipe.resolve(program, H100, None)
     layout = recipe.layout(program, H100, knobs)
