@@ -13,6 +13,7 @@ from halstm import linear, sigmoid, split, tanh
 from halstm.targets import CudaTarget
 
 H100 = CudaTarget("sm_90", sms=132)
+ON_GPU = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="no CUDA device")])
 SCANNED = [halstm.MinGRU, halstm.MinLSTM, halstm.SRU, halstm.RGLRU]
 
 
@@ -135,13 +136,14 @@ def test_units_a_task(hidden, units, rng):
         _check(halstm.SRU(5, hidden), 9, 2, "float32", "cpu", rng, {"chunk": chunk, "units": units})
 
 
-@pytest.mark.parametrize("chunk", [0, 64])
-def test_long_sequence_against_float64(chunk, rng):
-    """T = 65536: the scan in float32 within float32's tolerance of the recurrence in float64, a
-    decaying one (products of a underflow within a chunk) and one that keeps its state."""
+@pytest.mark.parametrize("device, chunk", [("cpu", 0), ("cpu", 64), *(pytest.param("cuda", c, marks=ON_GPU.marks)
+                                                                      for c in (0, 64))])
+def test_long_sequence_against_float64(device, chunk, rng):
+    """T = 65536: the scan in float32 within float32's tolerance of the recurrence in float64, from a
+    state kept ~1e5 steps to one that decays at once (products of a underflow within a chunk)."""
     T, B, H = 65536, 1, 16
     cell = halstm.MinGRU(4, H)
-    f = halstm.compile(cell, T, B, "float32", "cpu", recipe="cpu-scan", knobs={"chunk": chunk})
+    f = halstm.compile(cell, T, B, "float32", device, recipe=f"{device}-scan", knobs={"chunk": chunk})
     x, params, states = random_inputs(cell, T, B, rng)
     params["bias_ih"][:H] = np.linspace(-12, 4, H)  # z from ~1e-5 (a ~ 1: long memory) to ~1 (a ~ 0)
     y, _ = f(x, params, states)
@@ -153,9 +155,6 @@ def test_long_sequence_against_float64(chunk, rng):
         h = (1 - z[t]) * h + z[t] * u[t]
         want[t] = h
     assert rel_err(y[:, 0], want) < TOLERANCE["float32"]
-
-
-ON_GPU = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="no CUDA device")])
 
 
 @pytest.mark.parametrize("device", ["cpu", ON_GPU])
