@@ -63,6 +63,7 @@ from .lowering import (
     tf32_big,
     trace_hoisted,
     trace_step,
+    zero_past,
 )
 from .plan import Gemm, Plan, make_plan, upstream
 from .runtime import STEPS, Arg
@@ -562,7 +563,7 @@ def _weights_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedL
         # zeros past T*B (0 * garbage can be NaN): a K tile of up to that many rows then divides it
         k_rows = _k_rows(T, B)
         outputs = [
-            _pack(lambda k, n, a=operands[g.name]: _zero_past(k, T * B, lambda: _operand(plan, dtype, a[k, n])),
+            _pack(lambda k, n, a=operands[g.name]: zero_past(k, T * B, lambda: _operand(plan, dtype, a[k, n])),
                   k_rows, g.depth, layout, f"w_packed_a{i}")
             for i, g in enumerate(forward.gemms)
         ]
@@ -651,14 +652,7 @@ def _transpose(t: te.Tensor, rows=None) -> te.Tensor:
     name = f"{t.op.name.removesuffix('_seq')}_transposed"
     if rows is None:
         return te.compute((t.shape[1], t.shape[0]), lambda n, r: t[r, n], name=name)
-    return te.compute((t.shape[1], rows), lambda n, r: te.if_then_else(r < t.shape[0], t[r, n], te.const(0, t.dtype)),
-                      name=name)
-
-
-def _zero_past(r, rows, value):
-    """value() where r < rows, else a zero of its dtype."""
-    v = value()
-    return te.if_then_else(r < rows, v, te.const(0, str(v.ty)))
+    return te.compute((t.shape[1], rows), lambda n, r: zero_past(r, t.shape[0], lambda: t(r, n)), name=name)
 
 
 def _k_rows(T, B: int):

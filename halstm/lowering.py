@@ -315,10 +315,15 @@ def _first_rows(t: te.Tensor, rows, name: str) -> te.Tensor:
     return te.compute((rows, t.shape[1]), lambda r, n: t[r, n], name=name)
 
 
+def zero_past(r, rows, value):
+    """value() where row r < rows, else a zero of its dtype: a buffer read past its rows, as padding."""
+    v = value()
+    return te.if_then_else(r < rows, v, te.const(0, str(v.ty)))
+
+
 def _padded(x: te.Tensor, rows, name: str = "x_padded") -> te.Tensor:
     """x with ``rows`` rows, zeros past its own (``x_padded``)."""
-    return te.compute((rows, x.shape[1]), lambda r, k: te.if_then_else(r < x.shape[0], x[r, k], te.const(0, x.dtype)),
-                      name=name)
+    return te.compute((rows, x.shape[1]), lambda r, k: zero_past(r, x.shape[0], lambda: x(r, k)), name=name)
 
 
 def _prologue(plan: Plan, steps: int | None, batch: int, dtype: str, layout: PackedLayout,
