@@ -52,13 +52,14 @@ def scan_source(program: Program, chunk: int, lanes: int = 1, group: int | None 
     frame = skeleton(plan, T, B, dtype, program.layout, hoisted_only=True)
     rows = sequence_rows(T, B)
     steps = T if T is not None else STEPS
+    traced = _traced(program)  # one trace over all rows, which each function over them reads
     parts = []
     if diagonal.first or diagonal.derived:  # the scans write their own
         inits = [_init(s, B, plan.cell.hidden_size) for s in (*diagonal.first, *diagonal.derived)]
         parts.append(f'with T.sblock("initial"):\n{indent(inits, 4)}')
     if diagonal.first:
-        parts.append(_scope("first", _states(program, diagonal.first), program, rows))
-    coefficients = _coefficients(program)
+        parts.append(_scope("first", _states(program, traced, diagonal.first), program, rows))
+    coefficients = _coefficients(program, traced)
     buffers = [f'{s}_coef_{c}' for s in diagonal.scanned for c in "ab"]
     allocs, scan = [], []
     if fuses(program, chunk):  # the coefficients' blocks in the passes' scope, where they inline
@@ -77,7 +78,7 @@ def scan_source(program: Program, chunk: int, lanes: int = 1, group: int | None 
                     else _serial(s, B, plan.cell.hidden_size, dtype, steps, units))
     parts.append(f'with T.sblock("scan"):\n{indent(scan, 4)}')
     if diagonal.derived:
-        parts.append(_scope("derived", _states(program, diagonal.derived), program, rows))
+        parts.append(_scope("derived", _states(program, traced, diagonal.derived), program, rows))
     return frame.source(indent(parts, 4), allocs)
 
 
@@ -119,15 +120,15 @@ def _function(step, outputs: list) -> tvm.tirx.PrimFunc:
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
-def _states(program: Program, names) -> tvm.tirx.PrimFunc:
+def _states(program: Program, traced, names) -> tvm.tirx.PrimFunc:
     """The next values of the states ``names`` over all rows, from the states' values at each step."""
-    step, nexts, _ = _traced(program)
+    step, nexts, _ = traced
     return _function(step, [_storage(nexts[s], program.dtype, f"{s}_next") for s in names])
 
 
-def _coefficients(program: Program) -> tvm.tirx.PrimFunc:
+def _coefficients(program: Program, traced) -> tvm.tirx.PrimFunc:
     """a and b of each scanned state over all rows (``<s>_coef_a``, ``<s>_coef_b``), float32."""
-    step, nexts, views = _traced(program)
+    step, nexts, views = traced
     outputs = []
     for s in program.plan.diagonal.scanned:
         a, b = split_affine(nexts[s], views[s])
