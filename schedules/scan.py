@@ -52,8 +52,7 @@ def _elementwise_scopes(program, chunk: int) -> list[str]:
 
 class CpuScan(CpuStepLoop):
     """The scan on the CPU. Knobs: ``chunk``; ``units`` a task runs (each step it reads that many
-    consecutive units of a row: whole cache lines, where one vector a task, every step a new
-    line 16 KiB on, stalled on memory); the step loop's for the hoisted GEMM."""
+    consecutive units of a row; ``defaults`` has the figures); the step loop's for the hoisted GEMM."""
 
     name = "cpu-scan"
     knobs = {"chunk": (0, 64, 256), "units": (1024, 256, 64), **CpuStepLoop.knobs}
@@ -109,6 +108,8 @@ class CudaScan(Recipe):
     blocks; ``tc_hoisted_frags``, ``wgmma`` for the hoisted GEMM, as the persistent kernel's."""
 
     name = "cuda-scan"
+    # chunk, MinGRU (4096,8,1024) on an H200, prepared ms fp32 / bf16: 16 1.72 / 0.49, 64 1.69 / 0.45,
+    # 256 1.62 / 0.44, 0 (serial) 1.81 / 0.89; 64 the default, whole chunks from T = 64 on
     knobs = {"chunk": (64, 32, 128, 256, 0), "threads": (256, 128, 512),
              "tc_hoisted_frags": CudaPersistent.knobs["tc_hoisted_frags"], "wgmma": CudaPersistent.knobs["wgmma"]}
     switches = ("wgmma",)

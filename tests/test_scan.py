@@ -2,9 +2,11 @@
 (``halstm.diagonal``), the scan's function (``halstm.scan``) under its recipes against float64 —
 serial and chunked, any T, long sequences — and the backward, whose reversed loop scans too."""
 
+import shutil
+
 import numpy as np
 import pytest
-from conftest import TOLERANCE, gpu_available, random_inputs, rel_err, upcast
+from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
 from tvm import te
 
 import halstm
@@ -191,12 +193,15 @@ def test_backward_scans_its_reversed_loop(device, rng):
         assert rel_err(mine.cpu().numpy(), want.numpy()) < TOLERANCE["float32"]
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 @pytest.mark.parametrize("cell_type", [halstm.MinGRU, halstm.SRU], ids=lambda c: c.__name__)
-def test_cuda_scan_compiles_for_h100(cell_type):
-    """Serial, chunked and for any T: TVM lowers and nvcc compiles each (run on a GPU below)."""
+def test_cuda_scan_compiles_for_h100(cell_type, tmp_path):
+    """Serial, chunked and for any T: TVM lowers each and nvcc compiles its CUDA source for an H100
+    (run on a GPU below)."""
     for steps, dtype, chunk in ((64, "float32", 16), (64, "bfloat16", 0), (None, "float16", 16)):
         f = halstm.compile(cell_type(32, 32), steps, 4, dtype, H100, recipe="cuda-scan", knobs={"chunk": chunk})
         assert f.recipe.name == "cuda-scan"
+        assert_nvcc_compiles(f.module.mod.imports[0].inspect_source(), tmp_path)
 
 
 @pytest.mark.gpu
