@@ -35,7 +35,6 @@ from .lowering import (ACCUMULATE, Program, _body, _prim_func, _storage, _view, 
                        steps_var, trace_step)
 from .runtime import STEPS
 
-SCAN_BLOCKS = ("chunk_", "carry_", "apply_", "scan_")  # name prefixes of the scan passes' blocks
 # The chunks' products, partial scans and carries. MinGRU at T = 65536 with a from 1 - 6e-6 (a state
 # kept 1e5 steps) to 0, against float64 (tests/test_scan.py): chunks of 64 carried in float32 2.5e-5,
 # in float64 7.1e-7; the serial scan 1.9e-6

@@ -19,7 +19,7 @@ import tvm
 from tvm.s_tir import Schedule
 
 from halstm.lowering import PackedLayout
-from halstm.scan import SCAN_BLOCKS, fuses, scan_source
+from halstm.scan import fuses, scan_source
 
 from .cpu import CpuStepLoop
 from .cuda_blocks import bind_flat
@@ -36,11 +36,13 @@ def _scan_function(program, chunk: int, lanes: int = 1, group: int | None = None
 
 
 def _passes(sch: Schedule) -> list:
-    """The scan passes' blocks, in order. Each keeps its running value in a local buffer of its own,
-    which TVM 0.27 counts among the block's reads and writes once a producer is inlined into it: a
-    block reading what it writes is not "complete", and parallel, vectorize and bind then refuse
+    """The scan passes' blocks, in order: those of the scan's scope whose body runs a loop (the
+    coefficients' blocks each store one value). Each keeps its running value in a local buffer of
+    its own, which TVM 0.27 counts among the block's reads and writes once a producer is inlined into
+    it: a block reading what it writes is not "complete", and parallel, vectorize and bind then refuse
     its loops. They are scheduled first."""
-    return [b for b in sch.get_child_blocks(sch.get_sblock("scan")) if sch.get(b).name_hint.startswith(SCAN_BLOCKS)]
+    return [b for b in sch.get_child_blocks(sch.get_sblock("scan"))
+            if not isinstance(sch.get(b).body, tvm.tirx.BufferStore)]
 
 
 def _elementwise_scopes(program, chunk: int) -> list[str]:
