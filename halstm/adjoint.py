@@ -34,9 +34,9 @@ import operator
 from tvm import te
 
 from .autodiff import adjoints
-from .cell import Cell, Params, trace
+from .cell import Cell, Params, trace, upstream
 from .ops import active_tracer, concat, matmul, plain_matmul
-from .plan import Plan, upstream
+from .plan import Plan
 
 
 class AdjointCell(Cell):

@@ -41,7 +41,7 @@ from tvm import te
 
 from .adjoint import AdjointCell
 from .autodiff import adjoints
-from .cell import Cell, placeholders
+from .cell import Cell, placeholders, upstream
 from .lowering import (
     ACCUMULATE,
     INT32_ELEMENTS,
@@ -65,7 +65,7 @@ from .lowering import (
     trace_step,
     zero_past,
 )
-from .plan import Gemm, Plan, make_plan, upstream
+from .plan import Gemm, Plan, make_plan
 from .runtime import STEPS, Arg
 
 

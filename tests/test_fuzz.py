@@ -27,7 +27,7 @@ from conftest import TOLERANCE, random_inputs, rel_err, upcast
 import halstm
 from halstm import ops
 from halstm.gradients import compile_backward, reference_backward
-from halstm.plan import upstream
+from halstm.cell import upstream
 
 torch = pytest.importorskip("torch")
 

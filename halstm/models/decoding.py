@@ -30,7 +30,8 @@ from ..cell import Params
 from ..lowering import (ACCUMULATE, PackedLayout, Skeleton, _body, _columns, _gemm, _packed, _prim_func,
                         _storage, _view, indent)
 from ..ops import CONCAT_TAG, argmax, concat, tracing
-from ..plan import Gemm, Matmul, Plan, upstream
+from ..cell import upstream
+from ..plan import Gemm, Matmul, Plan
 from ..runtime import Arg, check_array, check_names, as_frame, new_array
 
 FLOAT = "float32"
