@@ -26,11 +26,10 @@ from tvm import te
 from halstm import targets
 from halstm.schedules.decode import recipe_for
 
-from ..cell import Params
+from ..cell import Params, upstream
 from ..lowering import (ACCUMULATE, PackedLayout, Skeleton, _body, _columns, _gemm, _packed, _prim_func,
                         _storage, _view, indent)
 from ..ops import CONCAT_TAG, argmax, concat, tracing
-from ..cell import upstream
 from ..plan import Gemm, Matmul, Plan
 from ..runtime import Arg, check_array, check_names, as_frame, new_array
 
