@@ -134,9 +134,9 @@ class _Bounded:
         return self.sizes[op]
 
     def _nodes(self, e) -> int:
-        if _is_load(e):
+        if is_load(e):
             return self._size(e.args[0].op)
-        return 1 + sum(self._nodes(c) for c in _children(e))
+        return 1 + sum(self._nodes(c) for c in children(e))
 
 
 def _reads(op, dy, needed, bounded: _Bounded):
@@ -186,9 +186,9 @@ def _scatter(op, dy, read, partial, condition, domain, bounded: _Bounded):
                 # simplifier makes it a condition on the outer loop: the if_then_else stays vectorised
                 inside.append(tirx.floordiv(env[v], domain[v]) == 0)
                 env[v] = tirx.max(tirx.min(env[v], domain[v] - 1), 0)
-        value = dy(*(env[iv.var] for iv in op.axis)) * _cast(_rebuild(partial, env, bounded), dy.dtype)
+        value = dy(*(env[iv.var] for iv in op.axis)) * _cast(rebuild(partial, env, bounded), dy.dtype)
         if condition is not None:
-            inside.append(_rebuild(condition, env, bounded))
+            inside.append(rebuild(condition, env, bounded))
         # if_then_else, not Select: Select evaluates both sides, and the simplifier drops the clamp
         # inside the masked side (the condition implies it), which then reads out of bounds
         return tirx.if_then_else(tirx.all(*inside), value, tirx.const(0, dy.dtype)) if inside else value
@@ -237,11 +237,11 @@ def _is_true(e) -> bool:
     return e is None or (type(e).__name__ == "IntImm" and bool(e.value))
 
 
-def _is_load(e) -> bool:
+def is_load(e) -> bool:
     return type(e).__name__ == "Call" and e.op.name == _LOAD
 
 
-def _children(e) -> list:
+def children(e) -> list:
     kind = type(e).__name__
     if kind in _BINARY:
         return [e.a, e.b]
@@ -250,7 +250,7 @@ def _children(e) -> list:
     if kind == "Select":
         return [e.condition, e.true_value, e.false_value]
     if kind == "Call":
-        return list(e.args[1:] if _is_load(e) else e.args)
+        return list(e.args[1:] if is_load(e) else e.args)
     return []
 
 
@@ -263,13 +263,13 @@ def _distinct_reads(e) -> list:
     found, todo = [], [e]
     while todo:
         node = todo.pop()
-        if _is_load(node) and not any(_same_read(node, f) for f in found):
+        if is_load(node) and not any(_same_read(node, f) for f in found):
             found.append(node)
-        todo += _children(node)
+        todo += children(node)
     return found
 
 
-def _rebuild(e, env: dict, read):
+def rebuild(e, env: dict, read):
     """e with its variables replaced as ``env`` says (TVM 0.27's Python has no substitute), each
     tensor ``t`` read as ``read(t)``."""
     kind = type(e).__name__
@@ -278,17 +278,17 @@ def _rebuild(e, env: dict, read):
     if kind in ("IntImm", "FloatImm"):
         return e
     if kind in _BINARY:
-        return type(e)(_rebuild(e.a, env, read), _rebuild(e.b, env, read))
+        return type(e)(rebuild(e.a, env, read), rebuild(e.b, env, read))
     if kind == "Cast":
-        return tirx.Cast(str(e.ty), _rebuild(e.value, env, read))
+        return tirx.Cast(str(e.ty), rebuild(e.value, env, read))
     if kind == "Not":
-        return tirx.Not(_rebuild(e.a, env, read))
+        return tirx.Not(rebuild(e.a, env, read))
     if kind == "Select":
-        return tirx.Select(*(_rebuild(v, env, read) for v in _children(e)))
+        return tirx.Select(*(rebuild(v, env, read) for v in children(e)))
     if kind == "Call":
-        if _is_load(e):
-            return read(e.args[0])(*(_rebuild(i, env, read) for i in e.args[1:]))
-        return Call(e.op, [_rebuild(a, env, read) for a in e.args], ret_ty=e.ty)
+        if is_load(e):
+            return read(e.args[0])(*(rebuild(i, env, read) for i in e.args[1:]))
+        return Call(e.op, [rebuild(a, env, read) for a in e.args], ret_ty=e.ty)
     raise NotImplementedError(f"backward: cannot rebuild {kind} ({e})")
 
 
@@ -348,7 +348,7 @@ class _Derivative:
 
     def _call(self, e):
         name = e.op.name.split(".")[-1]
-        if _is_load(e):
+        if is_load(e):
             return tirx.const(1.0, str(e.ty)) if _same_read(e, self.read) else None
         if name in _FLAT:
             return None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from tvm import te, tirx
 
-from .autodiff import _children, _is_load, _rebuild
+from .autodiff import children, is_load, rebuild
 from .cell import upstream
 from .ops import same_extent
 
@@ -125,7 +125,7 @@ def _split_compute(u: te.Tensor, s: te.Tensor, depends: set, parts):
         if not _reads_any(e, depends):
             return None, e
         kind = type(e).__name__
-        if _is_load(e):
+        if is_load(e):
             tensor, index = e.args[0], e.args[1:]
             if len(index) != len(axes) or not all(i.same_as(v) for i, v in zip(index, axes)):
                 raise NotAffine(f"'{name}' reads {tensor.op.name} at other than its own element")
@@ -160,7 +160,7 @@ def _split_compute(u: te.Tensor, s: te.Tensor, depends: set, parts):
     def tensor(expr, suffix):
         if expr is None:
             return None
-        return te.compute(u.shape, lambda *i: _rebuild(expr, dict(zip(axes, i)), lambda t: t), name=f"{name}_{suffix}")
+        return te.compute(u.shape, lambda *i: rebuild(expr, dict(zip(axes, i)), lambda t: t), name=f"{name}_{suffix}")
 
     return tensor(a, "a"), tensor(b, "b")
 
@@ -177,9 +177,9 @@ def _reads_any(e, ops: set) -> bool:
     todo = [e]
     while todo:
         node = todo.pop()
-        if _is_load(node) and node.args[0].op in ops:
+        if is_load(node) and node.args[0].op in ops:
             return True
-        todo += _children(node)
+        todo += children(node)
     return False
 
 
