@@ -172,8 +172,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--trials", type=_positive, default=24, help="candidates to try in all (default 24)")
     t.add_argument("--timeout", type=float, default=300, help="seconds before a candidate counts as hung")
     t.add_argument("--builders", type=_positive, default=None,
-                   help="processes compiling candidates at once before they are timed one by one "
-                   "(default: the CPU's cores less one; 1: each compiled as it is timed)")
+                   help="processes compiling candidates at once, each timed as soon as it is built "
+                   "(default: the CPU's cores less one a measuring GPU; 1: each compiled as it is timed)")
+    t.add_argument("--gpus", type=_gpus, default=None,
+                   help="CUDA: the GPUs that time candidates at once: all, or indices such as 0,1 (of one kind; "
+                   "default: the first)")
     t.add_argument("--training", action="store_true",
                    help="also tune the backward's reversed time loop (recorded under its own key; "
                    "halstm.nn and compile_backward use it), --trials candidates each")
@@ -242,6 +245,16 @@ def _bench(args) -> int:
     return 0
 
 
+def _gpus(text: str):
+    """--gpus: "all", or comma-separated device indices."""
+    if text == "all":
+        return text
+    try:
+        return [int(i) for i in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'all' or indices such as 0,1, got {text!r}") from None
+
+
 def _tune(args) -> int:
     if args.steps is None:
         raise CliError("tune times one sequence length: give --steps a number (a function for any length "
@@ -250,7 +263,7 @@ def _tune(args) -> int:
     from .tuner import tune, tune_training
 
     search = dict(database=args.database, trials=args.trials, timeout=args.timeout, builders=args.builders,
-                  allow_tf32=args.allow_tf32)
+                  allow_tf32=args.allow_tf32, gpus=args.gpus)
     if args.training:
         found = zip(("forward", "reversed loop"), tune_training(cell, args.steps, args.batch, args.dtype, target,
                                                                   **search))

@@ -141,27 +141,37 @@ class CompiledBackward:
         return steps_of(x, p.batch, p.plan.cell.input_size, p.dtype, longest)
 
     def __call__(self, x, params: dict, seqs: dict, grads: dict | None = None):
-        buffers, finish, plan = self._bind(x, params, seqs, grads)
-        for function, args in plan.calls:
-            function(*args(buffers))
+        buffers, finish, plan, frame = self._bind(x, params, seqs, grads)
+
+        def run():
+            for function, args in plan.calls:
+                function(*args(buffers))
+
+        frame.on_device(run)()
         return finish()
 
     def prepare(self, x, params: dict, seqs: dict, grads: dict | None = None):
         """Check the arguments and allocate the buffers once; returns a function that runs the four
         compiled functions and waits for the device, as benchmarks time the kernels alone."""
-        buffers, _, plan = self._bind(x, params, seqs, grads)
+        buffers, _, plan, frame = self._bind(x, params, seqs, grads)
         calls = [(function, args(buffers)) for function, args in plan.calls]
 
-        def timed():
+        def run():
             for function, args in calls:
                 function(*args)
-            plan.device.sync()
+
+        run = frame.on_device(run)
+
+        def timed():
+            run()
+            frame.sync()
 
         return timed
 
     def _bind(self, x, params: dict, seqs: dict, grads: dict | None):
         """A call's buffers by slot (``_CallPlan``), the caller's arrays checked and shared, the rest
-        allocated; the function that returns (dx, dparams, dstates) after the call; the call plan. A
+        allocated; the function that returns (dx, dparams, dstates) after the call; the call plan;
+        the frame. A
         call's host time beyond its kernels, torch tensors, LSTM T=5 B=2 H=16 float32 on the 2-core
         CPU machine (``python benchmarks/call_overhead.py LSTM 5,2,16 --backward --reps 3000``): 105-120 us;
         210-220 us before the call plan (functions looked up each call, a dict of every argument,
@@ -199,7 +209,7 @@ class CompiledBackward:
                     {n: result(buffers[i]) for n, i in plan.dparams},
                     {s: result(buffers[i])[first:first + B] for s, i in plan.dstates})
 
-        return buffers, finish, plan
+        return buffers, finish, plan, frame
 
     def __repr__(self):
         p = self.program

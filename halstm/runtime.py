@@ -109,24 +109,24 @@ class SequenceFunction:
 
     def sequences(self, x, params: dict, states: dict | None = None) -> dict:
         """Every state at every step: (T + 1, B, H) by name, the initial state first."""
-        run, finish = self._bind(x, params, states)
+        run, finish, _ = self._bind(x, params, states)
         run()
         return finish()
 
     def prepare(self, x, params: dict, states: dict | None = None):
         """Check and convert the arguments once; returns a function that runs the kernel and waits
         for the device, as benchmarks and the tuner time it."""
-        run, _ = self._bind(x, params, states)
+        run, _, frame = self._bind(x, params, states)
 
         def timed():
             run()
-            self._device.sync()
+            frame.sync()
 
         return timed
 
     def _bind(self, x, params: dict, states: dict | None):
-        """The call with its arguments checked and bound in order (outputs allocated), and the
-        function that returns the state sequences after it. A call's host time beyond the prepared
+        """The call with its arguments checked and bound in order (outputs allocated), the
+        function that returns the state sequences after it, and the frame. A call's host time beyond the prepared
         call, torch tensors, LSTM T=2 B=2 H=8 on the 2-core CPU machine (``python
         benchmarks/call_overhead.py LSTM 2,2,8 float32 --device cpu --reps 5000``, three runs): 21.2-21.9
         us, 28.1-28.5 before the argument plan (``_slots``), the cached dtype names and the shares that
@@ -159,7 +159,7 @@ class SequenceFunction:
         def finish():
             return {s: frame.result(outputs[s + "_seq"]).reshape(T + 1, B, H) for s in sig.states}
 
-        return functools.partial(self._main, *tensors), finish
+        return frame.on_device(functools.partial(self._main, *tensors)), finish, frame
 
 
 def steps_of(x, batch: int, input_size: int, dtype: str, longest: int) -> int:
@@ -249,6 +249,12 @@ class _NumpyFrame:
     def result(self, tensor):
         return np.from_dlpack(tensor) if self.cpu and tensor.dtype != "bfloat16" else tensor.numpy()
 
+    def on_device(self, call):
+        return call
+
+    def sync(self) -> None:
+        self.device.sync()
+
 
 class TorchFrame:
     """torch tensors, passed to the compiled function as they are: tvm_ffi converts them (DLPack,
@@ -301,6 +307,30 @@ class TorchFrame:
 
     def result(self, tensor):
         return tensor
+
+    def on_device(self, call):
+        """``call`` run with the tensors' GPU as torch's current device where it is not already:
+        a kernel launch makes its tensors' device CUDA's current one and leaves it so (and torch's
+        current stream, which the launch uses, is the current device's); ``torch.cuda.device``
+        puts the caller's back."""
+        import torch
+
+        device = self.torch_device
+        if device.type != "cuda" or device.index == torch.cuda.current_device():
+            return call
+
+        def on_its_device():
+            with torch.cuda.device(device):
+                return call()
+
+        return on_its_device
+
+    def sync(self) -> None:
+        """Wait for the tensors' device."""
+        import torch
+
+        if self.torch_device.type == "cuda":
+            torch.cuda.synchronize(self.torch_device)
 
 
 def _dtype_of(value) -> str:

@@ -5,10 +5,13 @@ in a worker process, so that one that crashes, hangs or corrupts memory costs a 
 tuning run. The search goes in rounds (``next_round``): each recipe's default, then the settings
 nearest the fastest measured so far; at the end the fastest few and each recipe's default are timed
 again side by side in one process (``runoff``), and ``Database.best`` picks from that. With
-``builders`` > 1 a round's candidates (as many as builders) are first compiled and exported by that
-many worker processes at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on
-an H100 host, 14 at once), then loaded, checked and timed one at
-a time, nothing else running. Every result, failures included, is appended to the database at
+``builders`` > 1 a round's candidates (as many as builders) are compiled and exported by that many
+worker processes at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on an
+H100 host, 14 at once), and each is loaded, checked and timed as soon as it is built, by a measuring
+process of its own GPU (``gpus``: one process a GPU, each GPU timing one candidate at a time; the
+compile processes leave a core to each). Candidates timed while others compile are timed again, if
+they are finalists, with nothing else running. Tuning LSTM fp16 (100,64,1024) on 2 x H200 took 76 s
+on one GPU and 79 s on two: compiling bounds it (docs/results.md#tuning-on-every-gpu). Every result, failures included, is appended to the database at
 once: an interrupted run resumes where it stopped, and ``halstm.compile`` picks up the best record
 by itself.
 
@@ -24,6 +27,7 @@ tensor-core rules know WMMA's intrinsics, not Hopper's wgmma.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -127,7 +131,8 @@ class _Worker:
     restarted when one hangs or kills it. Jobs travel with cloudpickle, so cells defined in a
     script's ``__main__`` or a notebook travel by value."""
 
-    def __init__(self):
+    def __init__(self, gpu: str | None = None):
+        self.gpu = gpu  # the worker's one visible GPU (a CUDA_VISIBLE_DEVICES entry); None: the parent's GPUs
         self._start()
 
     def _start(self):
@@ -137,6 +142,8 @@ class _Worker:
         # path under `-m`, lets anyone plant a module (cloudpickle.py) that the worker would run.
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if os.path.isabs(p)),
                "HALSTM_CACHE": "0"}  # candidates are measured once: none goes into the module cache
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpu
         self.folder = tempfile.mkdtemp(prefix="halstm-worker-")
         self.process = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env, cwd=self.folder)
@@ -231,7 +238,7 @@ def _serve(answers: int) -> None:
 
 def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, database=None,
          recipes=None, trials: int | None = 24, repeat: int = 5, timeout: float = 300.0, seed: int = 0,
-         log=None, allow_tf32: bool = False, builders: int | None = None) -> Record | None:
+         log=None, allow_tf32: bool = False, builders: int | None = None, gpus=None) -> Record | None:
     """Tune ``cell`` for this shape, dtype and target; returns the best record (None if all failed).
 
     ``recipes`` are the recipes to search (the built-in ones by default; a user's own recipe
@@ -239,9 +246,12 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     a run resumes); ``trials`` bounds how many are tried in total (None: every one), in rounds
     (``next_round``: the defaults, then the settings nearest the fastest so far), then the fastest
     few are timed again side by side (``_final``). ``timeout`` (seconds) ends a candidate that hangs
-    (its compile, or its check and timing). ``builders`` processes compile the candidates before they
-    are measured (default: the CPU's cores less one; 1 compiles each in
-    the measuring process). ``allow_tf32`` as for ``halstm.compile`` (its own records). A problem
+    (its compile, or its check and timing). ``builders`` processes compile the candidates, each
+    measured as soon as it is built (default: the CPU's cores less one a measuring GPU; 1 compiles
+    each in the measuring process). ``gpus`` (a CUDA target): the GPUs that measure candidates at
+    once, one process each, as indices of the visible devices or "all"; they must be of the
+    target's kind, whose key the records carry (default: the first visible one). The final
+    side-by-side timing runs on the first. ``allow_tf32`` as for ``halstm.compile`` (its own records). A problem
     or setting that cannot be tuned is refused with ValueError, and a database that cannot be
     written with OSError, before anything is measured.
     """
@@ -256,6 +266,7 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     steps, batch = int(steps), int(batch)  # NumPy integers too: the key is written as JSON
     log = log or _print
     target = targets.resolve(target)
+    gpus = measuring_gpus(gpus, target)
     db = database if isinstance(database, Database) else Database(database)
     key = tuning_key(cell, steps, batch, dtype, target, allow_tf32)
     program = lower(cell, steps, batch, dtype, allow_tf32=allow_tf32)
@@ -273,23 +284,26 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     x, params, states = _inputs(cell, steps, batch, dtype, rng)
     expected, _ = reference(cell, x, params, states)
     best = db.best(key)
-    builders = max(1, (os.cpu_count() or 1) - 1) if builders is None else builders
+    builders = max(1, (os.cpu_count() or 1) - len(gpus)) if builders is None else builders
     job = lambda recipe, knobs: Job(cell, steps, batch, dtype, target, recipe, knobs, (x, params, states),  # noqa: E731
                                     expected, repeat, allow_tf32)
-    with _Worker() as worker, tempfile.TemporaryDirectory(prefix="halstm-tune-") as folder:  # modules
+    with contextlib.ExitStack() as stack:
+        measurers = [stack.enter_context(_Worker(gpu)) for gpu in gpus]
+        compilers = [stack.enter_context(_Worker()) for _ in range(builders if builders > 1 else 0)]
+        folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="halstm-tune-"))  # the modules
         while len(results) < total and (todo := next_round(searched, results, builders)):
             jobs = [job(recipe, knobs) for recipe, knobs in todo[:total - len(results)]]
-            for candidate, ms, error in _measure(jobs, worker, builders, timeout, log, folder):
+            for candidate, ms, error, gpu in _measure(jobs, measurers, compilers, timeout, log, folder):
                 record = Record(key, candidate.recipe.name, candidate.knobs, ms, error)
                 db.append(record)
                 results[record.candidate] = ms
                 if ms is not None and (best is None or ms < best.ms):
                     best = record
                 bar = "#" * (20 * len(results) // total)
-                log(f"|{bar:<20}| [{len(results)}/{total}] {record.recipe} {record.knobs}: "
+                log(f"|{bar:<20}| [{len(results)}/{total}]{f' GPU {gpu}' * (len(gpus) > 1)} {record.recipe} {record.knobs}: "
                     + (f"{ms:.3f} ms" if ms is not None else f"failed ({error})")
                     + (f" | best {best.ms:.3f} ms ({best.recipe} {best.knobs})" if best else ""))
-        _final(db, key, searched, job, folder, worker, timeout, log)
+        _final(db, key, searched, job, folder, measurers[0], timeout, log)
     return db.best(key)
 
 
@@ -309,6 +323,32 @@ def tune_training(cell, steps: int, batch: int, dtype: str = "float32", target="
     adjoint = reversed_loop(cell, int(steps), int(batch), dtype, target, allow_tf32=search.get("allow_tf32", False))
     log(f"the backward's reversed loop: {adjoint.name}, {int(steps) + 1} steps")
     return forward, tune(adjoint, int(steps) + 1, batch, dtype, target, database=db, log=log, **search)
+
+
+def measuring_gpus(gpus, target) -> list[str | None]:
+    """The CUDA_VISIBLE_DEVICES entry of each GPU that measures (``tune``'s ``gpus``: None, "all",
+    or indices of the visible devices): [None] for None, the worker seeing the parent's devices.
+    Refuses GPUs for a CPU target, an index that is not a visible device or is repeated, and a
+    GPU of another kind than the target (its architecture, SMs and name)."""
+    if gpus is None:
+        return [None]
+    if target.kind != "cuda":
+        raise ValueError(f"gpus: only a CUDA target measures on GPUs, not {target.key}")
+    from halstm.targets.cuda import visible_gpus
+
+    found = visible_gpus()
+    indices = list(range(len(found))) if gpus == "all" else list(gpus) if not isinstance(gpus, str) else None
+    if not indices or any(not isinstance(i, (int, np.integer)) or not 0 <= i < len(found) for i in indices) \
+            or len(set(indices)) < len(indices):
+        raise ValueError(f"gpus: expected 'all' or distinct indices of the {len(found)} visible CUDA devices, got {gpus!r}")
+    for i in indices:
+        gpu = found[i]
+        if (gpu.arch, gpu.sms) != (target.arch, target.sms) or target.name and gpu.name != target.name:
+            raise ValueError(f"gpus: GPU {i} is {gpu.key}, the target {target.key}: candidates are "
+                             f"measured on GPUs of the target's kind")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = [e.strip() for e in visible.split(",")] if visible else [str(i) for i in range(len(found))]
+    return [entries[i] for i in indices]
 
 
 def _check_search(trials, repeat, timeout, builders) -> None:
@@ -336,17 +376,34 @@ def _module(folder: str, job: Job) -> str:
     return os.path.join(folder, hashlib.sha1(candidate_id(job.recipe.name, job.knobs).encode()).hexdigest() + ".so")
 
 
-def _measure(jobs: list[Job], worker, builders: int, timeout: float, log, folder: str):
-    """(job, ms, error) for each job: compiled first into ``folder`` on up to ``builders`` processes
-    where that is more than one, then checked and timed one at a time by ``worker``."""
-    builders = min(len(jobs), builders)
-    failed = {}
-    if builders > 1:
+def _measure(jobs: list[Job], measurers: list[_Worker], builders: list[_Worker], timeout: float, log, folder: str):
+    """(job, ms, error, the measuring worker's GPU or None) for each job, as each is measured:
+    compiled first into ``folder`` by the ``builders`` (where there are any), then checked and
+    timed by the first free of the ``measurers`` (one a GPU) as soon as it is built."""
+    if builders:
         for job in jobs:
             job.module = _module(folder, job)
-        failed = _build_all(jobs, builders, timeout, log)
-    for i, job in enumerate(jobs):
-        yield (job, None, failed[i]) if i in failed else (job, *worker.run(job, timeout))
+    to_build, to_measure = (list(range(len(jobs))), []) if builders else ([], list(range(len(jobs))))
+    busy, built, start = {}, 0, time.monotonic()  # busy: worker -> (job index, phase)
+    while to_build or to_measure or busy:
+        for workers, queue, phase in ((builders, to_build, "build"), (measurers, to_measure, "measure")):
+            for worker in workers:
+                if worker not in busy and queue:
+                    i = queue.pop(0)
+                    worker.send(jobs[i], phase)
+                    busy[worker] = i, phase
+        ready, _, _ = select.select([w.process.stdout for w in busy], [], [], 0.5)
+        for worker in [w for w in busy if w.process.stdout in ready or time.monotonic() > w.started + timeout]:
+            i, phase = busy.pop(worker)
+            ms, error = worker.answer(timeout)
+            if phase == "measure" or error:
+                yield jobs[i], ms, error, worker.gpu if phase == "measure" else None
+            if phase == "build":
+                built += 1
+                log(f"built [{built}/{len(jobs)}] on {len(builders)} processes, {time.monotonic() - start:.0f} s"
+                    + (f" ({jobs[i].recipe.name} {jobs[i].knobs} failed: {error})" if error else ""))
+                if not error:
+                    to_measure.append(i)
 
 
 def finalists(records: list[Record], spaces) -> list[Record]:
@@ -418,33 +475,6 @@ def next_round(spaces, results: dict[str, float | None], size: int) -> list[tupl
 
 def _distance(a: dict, b: dict) -> int:
     return sum(a.get(n) != b.get(n) for n in {*a, *b})
-
-
-def _build_all(jobs: list[Job], builders: int, timeout: float, log) -> dict[int, str]:
-    """Compile and export every job on ``builders`` workers at once: {index: why it failed}."""
-    workers = [_Worker() for _ in range(builders)]
-    pending, running, failed = list(enumerate(jobs)), {}, {}
-    start = time.monotonic()
-    try:
-        while pending or running:
-            for worker in workers:
-                if worker not in running and pending:
-                    i, job = pending.pop(0)
-                    worker.send(job, "build")
-                    running[worker] = i
-            ready, _, _ = select.select([w.process.stdout for w in running], [], [], 0.5)
-            for worker in [w for w in running if w.process.stdout in ready or time.monotonic() > w.started + timeout]:
-                _, error = worker.answer(timeout)
-                i = running.pop(worker)
-                if error:
-                    failed[i] = error
-                done = len(jobs) - len(pending) - len(running)
-                log(f"built [{done}/{len(jobs)}] on {builders} processes, {time.monotonic() - start:.0f} s"
-                    + (f" ({jobs[i].recipe.name} {jobs[i].knobs} failed: {error})" if error else ""))
-    finally:
-        for worker in workers:
-            worker.close()
-    return failed
 
 
 def _inputs(cell, steps, batch, dtype, rng):

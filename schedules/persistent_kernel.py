@@ -25,8 +25,8 @@ from halstm.runtime import STEPS
 
 from .block_gemm import FRAG, VECTOR, BlockGemm, staged_operands
 from .cuda_tensorcore import BYTES
-from .step_program import (Elementwise, Reduction, RowMath, StepGemm, loads, mean_of, packings, rewrite,
-                           step_blocks)
+from .step_program import (Elementwise, Reduction, RowMath, StepGemm, loads, mean_of, packings, per_program,
+                           rewrite, step_blocks)
 from .tir_build import complete, loop, named, named_buffers, round_up, sync_grid, sync_threads, when, zero
 
 # Every shared buffer's size is a multiple of this many bytes. TVM merges the shared allocations
@@ -49,6 +49,13 @@ SENTINEL = {16: 0xFFFF, 32: 0xFFFFFFFF}
 
 _TIME_LOOP = '''    with T.sblock("time_loop"):
         T.evaluate(0)'''  # where ``PersistentKernel.func`` puts the kernel
+
+
+def _on_chip(analysed: list, H: int) -> bool:
+    """Whether each block of the step's math reads only what its block holds (``RowMath.on_chip``)."""
+    gemms = {b.gemm.name for b in analysed if isinstance(b, StepGemm)}
+    reductions = {b.buffer for b in analysed if isinstance(b, Reduction)}
+    return all(b.on_chip(gemms, reductions, H) for b in analysed if isinstance(b, RowMath))
 
 
 class PersistentKernel:
@@ -87,12 +94,9 @@ class PersistentKernel:
         H, U = program.cell.hidden_size, knobs["units"]
         rows = program.batch // knobs["row_blocks"]
         analysed = step_blocks(program)
-        if analysed is None:
+        if analysed is None or not per_program("on chip", program, None, lambda: _on_chip(analysed, H)):
             return None
-        gemms = {b.gemm.name for b in analysed if isinstance(b, StepGemm)}
         reductions = [b for b in analysed if isinstance(b, Reduction)]
-        if not all(b.on_chip(gemms, {r.buffer for r in reductions}, H) for b in analysed if isinstance(b, RowMath)):
-            return None
         if reductions:  # one stage: its GEMMs, then the math and the reductions' exchanges in order
             if len({b.gemm.stage for b in analysed if isinstance(b, StepGemm)}) > 1:
                 return None

@@ -29,7 +29,7 @@ class CudaTarget:
     kind = "cuda"
     static_shared_memory = 48 * 1024  # per block, for "shared" scope (static) allocations
 
-    @property
+    @functools.cached_property
     def compute_capability(self) -> int:
         """The architecture as a number: 90 for sm_90 (and sm_90a)."""
         return int("".join(c for c in self.arch if c.isdigit()))
@@ -116,6 +116,14 @@ class CudaTarget:
                   "tirx.disable_storage_rewrite": True}
         return tvm.transform.PassContext(outer.opt_level, list(outer.required_pass), list(outer.disabled_pass),
                                          list(outer.instruments), config)
+
+
+def visible_gpus() -> list[CudaTarget]:
+    """Each CUDA device this process sees, in order (``CudaTarget.detect`` of each index)."""
+    count = 0
+    while tvm.cuda(count).exist:
+        count += 1
+    return [CudaTarget.detect(i) for i in range(count)]
 
 
 _TF32_OPERAND = re.compile(r"(nvcuda::wmma::fragment<nvcuda::wmma::matrix_[ab], 16, 16, 8, )half(, [\w:]+> )(\w+)\[")

@@ -246,3 +246,41 @@ def test_finalists_are_the_fastest_and_the_defaults_near_them():
     chosen = finalists(records, searched)
     assert [(r.recipe, r.knobs["a"], r.knobs["b"], r.ms) for r in chosen] == [
         ("fast", 0, 0, 1.0), ("fast", 0, 1, 1.02), ("fast", 0, 2, 1.04), ("fast", 2, 0, 1.06), ("fast", 1, 1, 1.1)]
+
+
+H100 = targets.CudaTarget("sm_90", sms=132, name="NVIDIA H100 80GB HBM3")
+
+
+@pytest.fixture
+def four_gpus(monkeypatch):
+    """Four visible GPUs, the third of another kind."""
+    other = targets.CudaTarget("sm_90", sms=114, name="NVIDIA H100 PCIe")
+    monkeypatch.setattr("halstm.targets.cuda.visible_gpus", lambda: [H100, H100, other, H100])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def test_measuring_gpus_are_the_visible_devices_of_the_targets_kind(four_gpus, monkeypatch):
+    from halstm.tuner import measuring_gpus
+
+    assert measuring_gpus(None, H100) == [None]  # one worker, seeing what this process sees
+    assert measuring_gpus([0, 3], H100) == ["0", "3"]
+    assert measuring_gpus([1], targets.CudaTarget("sm_90", sms=132)) == ["1"]  # a target without a name
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # the indices are this process's
+    assert measuring_gpus([0, 3], H100) == ["4", "7"]
+    with pytest.raises(ValueError, match="GPU 2 is cuda-sm_90-114sm.*measured on GPUs of the target's kind"):
+        measuring_gpus("all", H100)
+    for wrong in ([4], [0, 0], [], "some", [-1]):
+        with pytest.raises(ValueError, match="distinct indices of the 4 visible CUDA devices"):
+            measuring_gpus(wrong, H100)
+    with pytest.raises(ValueError, match="only a CUDA target measures on GPUs"):
+        measuring_gpus([0], targets.resolve("cpu"))
+
+
+def test_tune_refuses_gpus_before_measuring(four_gpus, tmp_path):
+    db = tmp_path / "db.jsonl"
+    with pytest.raises(ValueError, match="GPU 2 is"):
+        tune(halstm.cells.LSTM(4, 8), 3, 2, "float32", H100, database=db, gpus="all")
+    assert not db.exists()
+    code = main(["tune", "--cell", "LSTM", "--input-size", "4", "--hidden-size", "8", "--steps", "3", "--batch", "2",
+                 "--target", "cpu", "--gpus", "0", "--database", str(db)])
+    assert code == 1 and not db.exists()
