@@ -7,10 +7,11 @@ nearest the fastest measured so far; at the end the fastest few and each recipe'
 again side by side in one process (``runoff``), and ``Database.best`` picks from that. With
 ``builders`` > 1 a round's candidates (as many as builders) are compiled and exported by that many
 worker processes at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on an
-H100 host, 14 at once), and each is loaded, checked and timed as soon as it is built, by a measuring
-process of its own GPU (``gpus``: one process a GPU, each GPU timing one candidate at a time; the
-compile processes leave a core to each). Candidates timed while others compile are timed again, if
-they are finalists, with nothing else running. Tuning LSTM fp16 (100,64,1024) on 2 x H200 took 76 s
+H100 host, 14 at once). A CUDA candidate is loaded, checked and timed as soon as it is built, by a
+measuring process of its own GPU (``gpus``: one process a GPU, each GPU timing one candidate at a
+time; the compile processes leave a core to each); one timed while others compile is timed again, if
+it is a finalist, with nothing else running. A CPU candidate, whose function runs on every core, is
+timed once the round's builds are done, nothing else running. Tuning LSTM fp16 (100,64,1024) on 2 x H200 took 76 s
 on one GPU and 79 s on two: compiling bounds it (docs/results.md#tuning-on-every-gpu). Every result, failures included, is appended to the database at
 once: an interrupted run resumes where it stopped, and ``halstm.compile`` picks up the best record
 by itself.
@@ -65,7 +66,7 @@ _ANSWER_LIMIT = 1 << 20
 # import path, and its answers go on a copy of fd 1, fd 1 itself then writing to stderr, so that
 # nothing printed (by Python, or a C library writing to fd 1) can corrupt them.
 _BOOT = ("import os, sys; sys.path[:] = [p for p in sys.path if p]; answers = os.dup(1); os.dup2(2, 1); "
-         "from halstm.tuner import _serve; _serve(answers)")
+         "from halstm.tuner import _serve; _serve(answers, cuda={cuda})")
 
 
 @dataclass
@@ -131,8 +132,9 @@ class _Worker:
     restarted when one hangs or kills it. Jobs travel with cloudpickle, so cells defined in a
     script's ``__main__`` or a notebook travel by value."""
 
-    def __init__(self, gpu: str | None = None):
+    def __init__(self, gpu: str | None = None, cuda: bool = False):
         self.gpu = gpu  # the worker's one visible GPU (a CUDA_VISIBLE_DEVICES entry); None: the parent's GPUs
+        self.cuda = cuda  # it measures CUDA candidates: it loads CUDA as it starts
         self._start()
 
     def _start(self):
@@ -145,7 +147,7 @@ class _Worker:
         if self.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu
         self.folder = tempfile.mkdtemp(prefix="halstm-worker-")
-        self.process = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-c", _BOOT.format(cuda=self.cuda)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env, cwd=self.folder)
 
     def run(self, job, timeout: float, phase: str = "measure"):
@@ -218,11 +220,16 @@ def _receive(stream, limit: int | None = None):
     return cloudpickle.loads(data)
 
 
-def _serve(answers: int) -> None:
+def _serve(answers: int, cuda: bool = False) -> None:
     """The worker's loop: build or measure each job read from stdin, answer (ms, None) or
-    (None, why) on the file descriptor ``answers``."""
+    (None, why) on the file descriptor ``answers``. It first imports the compiler and, with
+    ``cuda``, creates its GPU's CUDA context: while the tuner's process enumerates the spaces and
+    computes the reference, not on the first candidate."""
     stdin, stdout = sys.stdin.buffer, os.fdopen(answers, "wb")
     sys.stdout = sys.stderr  # Python's prints unbuffered, in order with the rest (fd 1 is stderr's)
+    from . import compiler, deploy  # noqa: F401
+    if cuda:
+        _create_cuda_context()
     while True:
         try:
             phase, job = _receive(stdin)
@@ -236,6 +243,17 @@ def _serve(answers: int) -> None:
         _send(stdout, answer)
 
 
+def _create_cuda_context() -> None:
+    import tvm
+
+    try:
+        device = tvm.cuda(0)
+        if device.exist:
+            tvm.runtime.empty((1,), "float32", device)
+    except Exception:  # noqa: BLE001 -- the first candidate's measurement reports what is wrong
+        pass
+
+
 def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, database=None,
          recipes=None, trials: int | None = 24, repeat: int = 5, timeout: float = 300.0, seed: int = 0,
          log=None, allow_tf32: bool = False, builders: int | None = None, gpus=None) -> Record | None:
@@ -247,7 +265,7 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     (``next_round``: the defaults, then the settings nearest the fastest so far), then the fastest
     few are timed again side by side (``_final``). ``timeout`` (seconds) ends a candidate that hangs
     (its compile, or its check and timing). ``builders`` processes compile the candidates, each
-    measured as soon as it is built (default: the CPU's cores less one a measuring GPU; 1 compiles
+    measured as soon as it is built on a GPU, after the round's builds on the CPU (default: the CPU's cores less one a measuring GPU; 1 compiles
     each in the measuring process). ``gpus`` (a CUDA target): the GPUs that measure candidates at
     once, one process each, as indices of the visible devices or "all"; they must be of the
     target's kind, whose key the records carry (default: the first visible one). The final
@@ -269,31 +287,33 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     gpus = measuring_gpus(gpus, target)
     db = database if isinstance(database, Database) else Database(database)
     key = tuning_key(cell, steps, batch, dtype, target, allow_tf32)
-    program = lower(cell, steps, batch, dtype, allow_tf32=allow_tf32)
-    searched = spaces(program, target, recipes or schedules.BUILTIN, seed)
-    size = sum(len(settings) for _, settings in searched)
-    total = size if trials is None else min(trials, size)
-    records = db.records(key)
-    results = {r.candidate: r.ms for r in records}
-    if len(results) >= total and (not records or records[-1].final):  # searched, and the finalists timed
-        log(f"{len(results)} candidates already measured in {db.path}")
-        return db.best(key)
-    _check_writable(db.path)
-
-    rng = np.random.default_rng(seed)
-    x, params, states = _inputs(cell, steps, batch, dtype, rng)
-    expected, _ = reference(cell, x, params, states)
-    best = db.best(key)
     builders = max(1, (os.cpu_count() or 1) - len(gpus)) if builders is None else builders
-    job = lambda recipe, knobs: Job(cell, steps, batch, dtype, target, recipe, knobs, (x, params, states),  # noqa: E731
-                                    expected, repeat, allow_tf32)
     with contextlib.ExitStack() as stack:
-        measurers = [stack.enter_context(_Worker(gpu)) for gpu in gpus]
+        # started first: they import the compiler (and load CUDA) while the spaces and the reference are computed
+        measurers = [stack.enter_context(_Worker(gpu, cuda=target.kind == "cuda")) for gpu in gpus]
         compilers = [stack.enter_context(_Worker()) for _ in range(builders if builders > 1 else 0)]
         folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="halstm-tune-"))  # the modules
+        program = lower(cell, steps, batch, dtype, allow_tf32=allow_tf32)
+        searched = spaces(program, target, recipes or schedules.BUILTIN, seed)
+        size = sum(len(settings) for _, settings in searched)
+        total = size if trials is None else min(trials, size)
+        records = db.records(key)
+        results = {r.candidate: r.ms for r in records}
+        if len(results) >= total and (not records or records[-1].final):  # searched, and the finalists timed
+            log(f"{len(results)} candidates already measured in {db.path}")
+            return db.best(key)
+        _check_writable(db.path)
+
+        rng = np.random.default_rng(seed)
+        x, params, states = _inputs(cell, steps, batch, dtype, rng)
+        expected, _ = reference(cell, x, params, states)
+        best = db.best(key)
+        job = lambda recipe, knobs: Job(cell, steps, batch, dtype, target, recipe, knobs,  # noqa: E731
+                                        (x, params, states), expected, repeat, allow_tf32)
         while len(results) < total and (todo := next_round(searched, results, builders)):
             jobs = [job(recipe, knobs) for recipe, knobs in todo[:total - len(results)]]
-            for candidate, ms, error, gpu in _measure(jobs, measurers, compilers, timeout, log, folder):
+            for candidate, ms, error, gpu in _measure(jobs, measurers, compilers, timeout, log, folder,
+                                                      overlap=target.kind == "cuda"):
                 record = Record(key, candidate.recipe.name, candidate.knobs, ms, error)
                 db.append(record)
                 results[record.candidate] = ms
@@ -376,17 +396,23 @@ def _module(folder: str, job: Job) -> str:
     return os.path.join(folder, hashlib.sha1(candidate_id(job.recipe.name, job.knobs).encode()).hexdigest() + ".so")
 
 
-def _measure(jobs: list[Job], measurers: list[_Worker], builders: list[_Worker], timeout: float, log, folder: str):
+def _measure(jobs: list[Job], measurers: list[_Worker], builders: list[_Worker], timeout: float, log, folder: str,
+             overlap: bool):
     """(job, ms, error, the measuring worker's GPU or None) for each job, as each is measured:
     compiled first into ``folder`` by the ``builders`` (where there are any), then checked and
-    timed by the first free of the ``measurers`` (one a GPU) as soon as it is built."""
+    timed by the first free of the ``measurers`` (one a GPU): with ``overlap`` (a GPU's kernels,
+    which the compiles leave alone) as soon as it is built, else once every job is built (a CPU
+    function runs on all cores, which the compiles would take)."""
     if builders:
         for job in jobs:
             job.module = _module(folder, job)
     to_build, to_measure = (list(range(len(jobs))), []) if builders else ([], list(range(len(jobs))))
     busy, built, start = {}, 0, time.monotonic()  # busy: worker -> (job index, phase)
     while to_build or to_measure or busy:
+        building = to_build or any(phase == "build" for _, phase in busy.values())
         for workers, queue, phase in ((builders, to_build, "build"), (measurers, to_measure, "measure")):
+            if phase == "measure" and building and not overlap:
+                continue
             for worker in workers:
                 if worker not in busy and queue:
                     i = queue.pop(0)

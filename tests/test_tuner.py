@@ -150,6 +150,34 @@ def test_failed_candidates_are_recorded_and_skipped(builders, tmp_path):
     assert "wrong result" in errors["wrong"]
 
 
+class SlowToBuild(Recipe):
+    """The CPU recipe, its compile delayed by the knob's seconds."""
+
+    name = "slow-to-build"
+    knobs = {"delay": (0.0, 4.0, 0.01)}
+    cpu = CpuStepLoop()
+
+    def is_applicable(self, program, target):
+        return self.cpu.is_applicable(program, target)
+
+    def layout(self, program, target, knobs):
+        return self.cpu.layout(program, target, self.cpu.defaults(program, target))
+
+    def apply(self, program, target, delay):
+        time.sleep(delay)
+        return self.cpu.apply(program, target)
+
+
+def test_a_cpu_candidate_is_timed_once_its_round_is_built(tmp_path):
+    """A CPU function runs on every core: the one built at once waits for the slow one's compile."""
+    logged = []
+    tune(halstm.GRU(8, 8), 3, 2, database=tmp_path / "db.jsonl", recipes=[SlowToBuild()], trials=None,
+         log=logged.append, builders=2)
+    round_built = logged.index(next(line for line in logged if line.startswith("built [2/2]")))
+    fast = logged.index(next(line for line in logged if "{'delay': 0.01}" in line and line.startswith("|")))
+    assert fast > round_built, "\n".join(logged)
+
+
 def test_reader_survives_a_torn_last_line(tmp_path):
     db = Database(tmp_path / "db.jsonl")
     key = {"cell": "GRU", "steps": 3}
