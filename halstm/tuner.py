@@ -1,20 +1,18 @@
 """The autotuner: measures recipe choices and knob settings for one cell, shape, dtype and target.
 
 Each candidate is compiled, checked against the float64 reference and timed (median after warm-up)
-in a worker process, so that one that crashes, hangs or corrupts memory costs a restart, not the
-tuning run. The search goes in rounds (``next_round``): each recipe's default, then the settings
-nearest the fastest measured so far; at the end the fastest few and each recipe's default are timed
-again side by side in one process (``runoff``), and ``Database.best`` picks from that. With
-``builders`` > 1 a round's candidates (as many as builders) are compiled and exported by that many
-worker processes at once (compiling is most of a candidate's time: 2.9-4.4 s a CUDA function on an
-H100 host, 14 at once). A CUDA candidate is loaded, checked and timed as soon as it is built, by a
-measuring process of its own GPU (``gpus``: one process a GPU, each GPU timing one candidate at a
-time; the compile processes leave a core to each); one timed while others compile is timed again, if
-it is a finalist, with nothing else running. A CPU candidate, whose function runs on every core, is
-timed once the round's builds are done, nothing else running. Tuning LSTM fp16 (100,64,1024) on 2 x H200 took 76 s
-on one GPU and 79 s on two: compiling bounds it (docs/results.md#tuning-on-every-gpu). Every result, failures included, is appended to the database at
-once: an interrupted run resumes where it stopped, and ``halstm.compile`` picks up the best record
-by itself.
+in worker processes (``halstm.tuner_workers``). The search goes in rounds (``next_round``): each
+recipe's default, then the settings nearest the fastest measured so far; at the end the fastest few
+and each recipe's default are timed again side by side in one process (``runoff``), and
+``Database.best`` picks from that. With ``builders`` > 1 a round's candidates (as many as builders)
+are compiled and exported by that many processes at once (compiling is most of a candidate's time:
+2.9-4.4 s a CUDA function on an H100 host, 14 at once). A CUDA candidate is timed as soon as it is
+built, by the measuring process of a free GPU (``gpus``); one timed while others compile is timed
+again, if it is a finalist, with nothing else running. A CPU candidate, whose function runs on every
+core, is timed once the round's builds are done. Tuning LSTM fp16 (100,64,1024) on 2 x H200 took
+76 s on one GPU and 79 s on two: compiling bounds it (docs/results.md#tuning-on-every-gpu). Every
+result, failures included, is appended to the database at once: an interrupted run resumes where it
+stopped, and ``halstm.compile`` picks up the best record by itself.
 
 Split with TVM's meta_schedule: meta_schedule searches the schedule of one operator; the choice here
 is across whole-sequence strategies (step loop or persistent kernel) whose knobs also change the
@@ -29,26 +27,16 @@ tensor-core rules know WMMA's intrinsics, not Hopper's wgmma.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import random
-import select
-import shutil
-import struct
-import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 
-import cloudpickle
 import numpy as np
 
-from .bench import alternating_median_ms, median_ms
 from .database import Database, Record, candidate_id, tuning_key
+from .tuner_workers import Job, Worker, measure_jobs, module_path
 
-TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
-TF32_TOLERANCE = 1e-2  # float32 with allow_tf32: 10 mantissa bits as fp16 has
 NEAR = 1.25  # recipes whose best is within this factor of the fastest are searched first (next_round)
 # The fastest candidates timed again at the end, side by side with the recipes' defaults, FINAL_REPEAT
 # times the calls of their first timing each (``finalists``). Why: H100, fp16, T=100, 20 candidates a
@@ -57,203 +45,6 @@ NEAR = 1.25  # recipes whose best is within this factor of the fastest are searc
 # values are a choice, not compared with others.
 FINALISTS = 4
 FINAL_REPEAT = 4
-# A message on a worker's pipes: a tag, then the length of the cloudpickle that follows. An answer is
-# a few numbers or one error line: a longer one, or one without the tag, is not an answer.
-_HEADER = struct.Struct("<4sQ")
-_TAG = b"HLSM"
-_ANSWER_LIMIT = 1 << 20
-# The worker's first lines, before it imports anything: '' (its working folder under -c) leaves the
-# import path, and its answers go on a copy of fd 1, fd 1 itself then writing to stderr, so that
-# nothing printed (by Python, or a C library writing to fd 1) can corrupt them.
-_BOOT = ("import os, sys; sys.path[:] = [p for p in sys.path if p]; answers = os.dup(1); os.dup2(2, 1); "
-         "from halstm.tuner import _serve; _serve(answers, cuda={cuda})")
-
-
-@dataclass
-class Job:
-    cell: object
-    steps: int
-    batch: int
-    dtype: str
-    target: object
-    recipe: object  # a Recipe
-    knobs: dict
-    inputs: tuple  # x, params, states
-    expected: np.ndarray  # float64 output sequence
-    repeat: int
-    allow_tf32: bool = False
-    module: str | None = None  # where the candidate's exported module is (or goes, to build it)
-
-
-def build(job: Job) -> tuple[None, None]:
-    """Compile one candidate and export it to ``job.module``."""
-    from .deploy import export
-
-    export(_compile(job), job.module)
-    return None, None
-
-
-def _compile(job: Job):
-    from .compiler import compile as compile_cell
-
-    return compile_cell(job.cell, job.steps, job.batch, job.dtype, job.target, job.recipe, job.knobs,
-                        allow_tf32=job.allow_tf32)
-
-
-def _load(job: Job):
-    """The candidate, loaded from ``job.module`` where it was built there, else compiled here."""
-    from .deploy import load
-
-    return load(job.module) if job.module else _compile(job)
-
-
-def measure(job: Job) -> tuple[float | None, str | None]:
-    """Check and time one candidate: (median ms, None) or (None, why it failed)."""
-    f = _load(job)
-    x, params, states = job.inputs
-    y, _ = f(x, params, states)
-    y = np.asarray(y, dtype=np.float64)
-    error = float(np.linalg.norm(y - job.expected) / np.linalg.norm(job.expected))
-    if not error < (TF32_TOLERANCE if job.allow_tf32 else TOLERANCE[job.dtype]):
-        return None, f"wrong result: relative error {error:.2e}"
-    return median_ms(f.prepare(x, params, states), job.repeat), None  # a prepared call waits for the device
-
-
-def runoff(jobs: list[Job]) -> tuple[list[float], None]:
-    """Time candidates already checked side by side, one call of each in turn, so that the drift of
-    the device's clocks and the machine's load falls on all alike: ([median ms], None)."""
-    calls = {i: _load(job).prepare(*job.inputs) for i, job in enumerate(jobs)}
-    ms = alternating_median_ms(calls, lambda: None, 2, jobs[0].repeat)  # a prepared call waits for the device
-    return [ms[i] for i in calls], None
-
-
-class _Worker:
-    """A Python process (``_BOOT``, then ``_serve``) that measures candidates sent on its stdin;
-    restarted when one hangs or kills it. Jobs travel with cloudpickle, so cells defined in a
-    script's ``__main__`` or a notebook travel by value."""
-
-    def __init__(self, gpu: str | None = None, cuda: bool = False):
-        self.gpu = gpu  # the worker's one visible GPU (a CUDA_VISIBLE_DEVICES entry); None: the parent's GPUs
-        self.cuda = cuda  # it measures CUDA candidates: it loads CUDA as it starts
-        self._start()
-
-    def _start(self):
-        # the parent's import path (its absolute entries), as multiprocessing's spawn passes it:
-        # halstm and classes pickled by reference (a cell or recipe in a test module, say) import as
-        # they did there. It runs in a folder of its own: a shared one such as /tmp, first on the
-        # path under `-m`, lets anyone plant a module (cloudpickle.py) that the worker would run.
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if os.path.isabs(p)),
-               "HALSTM_CACHE": "0"}  # candidates are measured once: none goes into the module cache
-        if self.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self.gpu
-        self.folder = tempfile.mkdtemp(prefix="halstm-worker-")
-        self.process = subprocess.Popen([sys.executable, "-c", _BOOT.format(cuda=self.cuda)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, env=env, cwd=self.folder)
-
-    def run(self, job, timeout: float, phase: str = "measure"):
-        """Run ``phase`` of ``job``: its answer, or why it failed."""
-        self.send(job, phase)
-        return self.answer(timeout)
-
-    def send(self, job, phase: str) -> None:
-        """Start ``phase`` ("measure", "build", or "runoff" of a list of jobs) of ``job``; ``answer``
-        waits for it."""
-        self.started = time.monotonic()
-        try:
-            _send(self.process.stdin, (phase, job))
-        except OSError:
-            pass  # a dead worker: answer() reports it
-
-    def answer(self, timeout: float):
-        """The answer to the job sent, or a failure if it hangs past ``timeout``, kills the worker or
-        answers something else (the worker is then restarted)."""
-        try:
-            left = max(0.0, self.started + timeout - time.monotonic())
-            ready, _, _ = select.select([self.process.stdout], [], [], left)
-            if ready:
-                return _receive(self.process.stdout, _ANSWER_LIMIT)
-            reason = f"timed out after {timeout:.0f} s"
-        except ValueError as e:
-            reason = f"the worker's answer was malformed ({e})"
-        except (EOFError, OSError):  # its pipe closed: wait for the exit code (poll() raced the exit)
-            try:
-                code = self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                code = None
-            reason = f"the worker died (exit code {code})"
-        self.close()
-        self._start()
-        return None, reason
-
-    def close(self):
-        self.process.kill()
-        self.process.wait()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_):
-        self.close()
-
-
-def _send(stream, value) -> None:
-    data = cloudpickle.dumps(value)
-    stream.write(_HEADER.pack(_TAG, len(data)) + data)
-    stream.flush()
-
-
-def _receive(stream, limit: int | None = None):
-    """The next value on ``stream``: EOFError where it ends first, ValueError where what comes is
-    not a message of at most ``limit`` bytes."""
-    head = stream.read(_HEADER.size)
-    if len(head) < _HEADER.size:
-        raise EOFError
-    tag, size = _HEADER.unpack(head)
-    if tag != _TAG:
-        raise ValueError(f"expected a header starting {_TAG!r}, got {head!r}")
-    if limit is not None and size > limit:
-        raise ValueError(f"{size} bytes announced, more than {limit}")
-    data = stream.read(size)
-    if len(data) < size:
-        raise EOFError
-    return cloudpickle.loads(data)
-
-
-def _serve(answers: int, cuda: bool = False) -> None:
-    """The worker's loop: build or measure each job read from stdin, answer (ms, None) or
-    (None, why) on the file descriptor ``answers``. It first imports the compiler and, with
-    ``cuda``, creates its GPU's CUDA context: while the tuner's process enumerates the spaces and
-    computes the reference, not on the first candidate."""
-    stdin, stdout = sys.stdin.buffer, os.fdopen(answers, "wb")
-    sys.stdout = sys.stderr  # Python's prints unbuffered, in order with the rest (fd 1 is stderr's)
-    from . import compiler, deploy  # noqa: F401
-    if cuda:
-        _create_cuda_context()
-    while True:
-        try:
-            phase, job = _receive(stdin)
-        except EOFError:
-            return
-        try:
-            answer = {"build": build, "measure": measure, "runoff": runoff}[phase](job)
-        except Exception as e:  # a candidate that does not compile or launch: recorded, skipped
-            last = (str(e).strip().splitlines() or [""])[-1]
-            answer = (None, f"{type(e).__name__}: {last[:300]}")
-        _send(stdout, answer)
-
-
-def _create_cuda_context() -> None:
-    import tvm
-
-    try:
-        device = tvm.cuda(0)
-        if device.exist:
-            tvm.runtime.empty((1,), "float32", device)
-    except Exception:  # noqa: BLE001 -- the first candidate's measurement reports what is wrong
-        pass
-
-
 def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, database=None,
          recipes=None, trials: int | None = 24, repeat: int = 5, timeout: float = 300.0, seed: int = 0,
          log=None, allow_tf32: bool = False, builders: int | None = None, gpus=None) -> Record | None:
@@ -290,8 +81,8 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     builders = max(1, (os.cpu_count() or 1) - len(gpus)) if builders is None else builders
     with contextlib.ExitStack() as stack:
         # started first: they import the compiler (and load CUDA) while the spaces and the reference are computed
-        measurers = [stack.enter_context(_Worker(gpu, cuda=target.kind == "cuda")) for gpu in gpus]
-        compilers = [stack.enter_context(_Worker()) for _ in range(builders if builders > 1 else 0)]
+        measurers = [stack.enter_context(Worker(gpu, cuda=target.kind == "cuda")) for gpu in gpus]
+        compilers = [stack.enter_context(Worker()) for _ in range(builders if builders > 1 else 0)]
         folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="halstm-tune-"))  # the modules
         program = lower(cell, steps, batch, dtype, allow_tf32=allow_tf32)
         searched = spaces(program, target, recipes or schedules.BUILTIN, seed)
@@ -312,7 +103,7 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
                                         (x, params, states), expected, repeat, allow_tf32)
         while len(results) < total and (todo := next_round(searched, results, builders)):
             jobs = [job(recipe, knobs) for recipe, knobs in todo[:total - len(results)]]
-            for candidate, ms, error, gpu in _measure(jobs, measurers, compilers, timeout, log, folder,
+            for candidate, ms, error, gpu in measure_jobs(jobs, measurers, compilers, timeout, log, folder,
                                                       overlap=target.kind == "cuda"):
                 record = Record(key, candidate.recipe.name, candidate.knobs, ms, error)
                 db.append(record)
@@ -391,47 +182,6 @@ def _check_writable(path) -> None:
         raise OSError(f"cannot write the tuning database {path}: {e.strerror or e}") from e
 
 
-def _module(folder: str, job: Job) -> str:
-    """Where a candidate's module goes in ``folder``: one file a candidate."""
-    return os.path.join(folder, hashlib.sha1(candidate_id(job.recipe.name, job.knobs).encode()).hexdigest() + ".so")
-
-
-def _measure(jobs: list[Job], measurers: list[_Worker], builders: list[_Worker], timeout: float, log, folder: str,
-             overlap: bool):
-    """(job, ms, error, the measuring worker's GPU or None) for each job, as each is measured:
-    compiled first into ``folder`` by the ``builders`` (where there are any), then checked and
-    timed by the first free of the ``measurers`` (one a GPU): with ``overlap`` (a GPU's kernels,
-    which the compiles leave alone) as soon as it is built, else once every job is built (a CPU
-    function runs on all cores, which the compiles would take)."""
-    if builders:
-        for job in jobs:
-            job.module = _module(folder, job)
-    to_build, to_measure = (list(range(len(jobs))), []) if builders else ([], list(range(len(jobs))))
-    busy, built, start = {}, 0, time.monotonic()  # busy: worker -> (job index, phase)
-    while to_build or to_measure or busy:
-        building = to_build or any(phase == "build" for _, phase in busy.values())
-        for workers, queue, phase in ((builders, to_build, "build"), (measurers, to_measure, "measure")):
-            if phase == "measure" and building and not overlap:
-                continue
-            for worker in workers:
-                if worker not in busy and queue:
-                    i = queue.pop(0)
-                    worker.send(jobs[i], phase)
-                    busy[worker] = i, phase
-        ready, _, _ = select.select([w.process.stdout for w in busy], [], [], 0.5)
-        for worker in [w for w in busy if w.process.stdout in ready or time.monotonic() > w.started + timeout]:
-            i, phase = busy.pop(worker)
-            ms, error = worker.answer(timeout)
-            if phase == "measure" or error:
-                yield jobs[i], ms, error, worker.gpu if phase == "measure" else None
-            if phase == "build":
-                built += 1
-                log(f"built [{built}/{len(jobs)}] on {len(builders)} processes, {time.monotonic() - start:.0f} s"
-                    + (f" ({jobs[i].recipe.name} {jobs[i].knobs} failed: {error})" if error else ""))
-                if not error:
-                    to_measure.append(i)
-
-
 def finalists(records: list[Record], spaces) -> list[Record]:
     """The records to time again side by side, from one key's ``records`` in the order written (a
     candidate's latest counts) over ``spaces`` (``spaces()``: the searched recipes, their default
@@ -455,7 +205,7 @@ def _final(db: Database, key: dict, searched, job, folder: str, worker, timeout:
     jobs = [job(recipes[r.recipe], r.knobs) for r in chosen]
     for j in jobs:
         j.repeat *= FINAL_REPEAT
-        built = _module(folder, j)
+        built = module_path(folder, j)
         j.module = built if os.path.exists(built) else None  # else compiled again
     ms, error = worker.run(jobs, timeout, "runoff")
     if error:

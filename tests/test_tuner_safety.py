@@ -11,7 +11,7 @@ import time
 import pytest
 
 import halstm
-from halstm import tuner
+from halstm import tuner_workers
 from halstm.cli import main
 from halstm.database import Database
 from halstm.schedules import CpuStepLoop
@@ -69,10 +69,10 @@ def test_a_candidate_writing_to_fd_1_is_measured(builders, tmp_path):
     assert all(r.error is None for r in records) and best is not None, records
 
 
-@pytest.mark.parametrize("answer", (b"garbage, not a header", tuner._HEADER.pack(tuner._TAG, 1 << 62)),
+@pytest.mark.parametrize("answer", (b"garbage, not a header", tuner_workers._HEADER.pack(tuner_workers._TAG, 1 << 62)),
                          ids=("malformed", "oversized"))
 def test_a_malformed_answer_fails_the_candidate_and_restarts_the_worker(answer):
-    with tuner._Worker() as worker:
+    with tuner_workers.Worker() as worker:
         worker.close()
         worker.process = subprocess.Popen([sys.executable, "-c", f"import os; os.write(1, {answer!r})"],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
