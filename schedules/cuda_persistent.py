@@ -263,10 +263,7 @@ class CudaPersistent(Recipe):
                 return False
         elif tm > B // P or (_widest(program) // H * U) % tn:
             return False
-        hoisted = prologue_knobs(program, target, knobs)
-        return (tm * tn + (tm + tn) * VECTOR <= MAX_TILE_REGISTERS
-                and (not use_tensor_cores(hoisted, program, target)
-                     or hoisted_tensor_core_tile(hoisted).fits(BYTES[program.dtype], target))
+        return (tm * tn + (tm + tn) * VECTOR <= MAX_TILE_REGISTERS and _hoisted_tile_fits(program, target, knobs)
                 and PersistentKernel.plan(program, target, knobs) is not None)
 
     def space(self, program, target) -> list[dict]:
@@ -315,11 +312,33 @@ def hoisted_knobs_matter(recipe, program, target, knobs: dict) -> bool:
     the hoisted GEMM (on WMMA tensor cores; wgmma where there is one): a setting that only repeats
     another is not worth measuring."""
     first = {n: knobs[n] == recipe.knobs[n][0] for n in ("tc_hoisted_frags", "wgmma")}
+    wmma, wgmma = per_program("hoisted GEMM", program, _hoisted_key(target, knobs),
+                              lambda: _hoisted_choices(program, target, knobs))
+    return (first["tc_hoisted_frags"] or wmma) and (first["wgmma"] or wgmma)
+
+
+def _hoisted_key(target, knobs: dict) -> tuple:
+    """What the hoisted GEMM's schedule depends on of a recipe's knobs (``prologue_knobs``)."""
+    return target, knobs["wgmma"], knobs["tc_hoisted_frags"]
+
+
+def _hoisted_choices(program, target, knobs: dict) -> tuple[bool, bool]:
+    """Whether the hoisted GEMM runs on WMMA tensor cores with ``knobs``, and whether wgmma could run it."""
     hoisted = prologue_knobs(program, target, knobs)
     wmma = use_tensor_cores(hoisted, program, target) and not on_wgmma(hoisted, program, target)
     wgmma = (wgmma_available(program.dtype, target, program.allow_tf32)
              or split_tf32(prologue_knobs(program, target, {**knobs, "wgmma": True}), program, target, True))
-    return (first["tc_hoisted_frags"] or wmma) and (first["wgmma"] or wgmma)
+    return wmma, wgmma
+
+
+def _hoisted_tile_fits(program, target, knobs: dict) -> bool:
+    """Whether the hoisted GEMM's tensor-core tile (where it runs on tensor cores) fits the target."""
+    def fits():
+        hoisted = prologue_knobs(program, target, knobs)
+        return (not use_tensor_cores(hoisted, program, target)
+                or hoisted_tensor_core_tile(hoisted).fits(BYTES[program.dtype], target))
+
+    return per_program("hoisted tile", program, _hoisted_key(target, knobs), fits)
 
 
 def _row_blocks(recipe, program, target, knobs) -> dict:
