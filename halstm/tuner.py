@@ -69,6 +69,7 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     from .compiler import check_problem
     from .lowering import lower
     from .oracle import reference
+    from .schedules.cuda_tensorcore import PROBED, tensorize_works
 
     check_problem(cell, steps, batch, dtype, any_steps=False)  # a tuning run times one T
     _check_search(trials, repeat, timeout, builders)
@@ -79,10 +80,12 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     db = database if isinstance(database, Database) else Database(database)
     key = tuning_key(cell, steps, batch, dtype, target, allow_tf32)
     builders = max(1, (os.cpu_count() or 1) - len(gpus)) if builders is None else builders
+    cuda = target.kind == "cuda"
+    env = {PROBED: str(int(tensorize_works()))} if cuda else {}  # the workers' compiles need not probe again
     with contextlib.ExitStack() as stack:
         # started first: they import the compiler (and load CUDA) while the spaces and the reference are computed
-        measurers = [stack.enter_context(Worker(gpu, cuda=target.kind == "cuda")) for gpu in gpus]
-        compilers = [stack.enter_context(Worker()) for _ in range(builders if builders > 1 else 0)]
+        measurers = [stack.enter_context(Worker(gpu, cuda=cuda, env=env)) for gpu in gpus]
+        compilers = [stack.enter_context(Worker(env=env)) for _ in range(builders if builders > 1 else 0)]
         folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="halstm-tune-"))  # the modules
         program = lower(cell, steps, batch, dtype, allow_tf32=allow_tf32)
         searched = spaces(program, target, recipes or schedules.BUILTIN, seed)
@@ -104,7 +107,7 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
         while len(results) < total and (todo := next_round(searched, results, builders)):
             jobs = [job(recipe, knobs) for recipe, knobs in todo[:total - len(results)]]
             for candidate, ms, error, gpu in measure_jobs(jobs, measurers, compilers, timeout, log, folder,
-                                                      overlap=target.kind == "cuda"):
+                                                      overlap=cuda):
                 record = Record(key, candidate.recipe.name, candidate.knobs, ms, error)
                 db.append(record)
                 results[record.candidate] = ms

@@ -105,9 +105,10 @@ class Worker:
     restarted when one hangs or kills it. Jobs travel with cloudpickle, so cells defined in a
     script's ``__main__`` or a notebook travel by value."""
 
-    def __init__(self, gpu: str | None = None, cuda: bool = False):
+    def __init__(self, gpu: str | None = None, cuda: bool = False, env: dict | None = None):
         self.gpu = gpu  # the worker's one visible GPU (a CUDA_VISIBLE_DEVICES entry); None: the parent's GPUs
         self.cuda = cuda  # it measures CUDA candidates: it loads CUDA as it starts
+        self.env = env or {}  # more of its environment
         self._start()
 
     def _start(self):
@@ -116,7 +117,7 @@ class Worker:
         # they did there. It runs in a folder of its own: a shared one such as /tmp, first on the
         # path under `-m`, lets anyone plant a module (cloudpickle.py) that the worker would run.
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if os.path.isabs(p)),
-               "HALSTM_CACHE": "0"}  # candidates are measured once: none goes into the module cache
+               "HALSTM_CACHE": "0", **self.env}  # candidates are measured once: none goes into the module cache
         if self.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu
         self.folder = tempfile.mkdtemp(prefix="halstm-worker-")

@@ -26,6 +26,7 @@ K in large tiles and prefetches them (cuda.py's knobs tc_fill, tc_step_k, tc_pre
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -53,11 +54,18 @@ def tensor_cores_available(dtype: str, target, tf32: bool = False) -> bool:
     return target.compute_capability >= MIN_ARCH[dtype] and tensorize_works()
 
 
+PROBED = "HALSTM_TENSORIZE_WORKS"  # "1" or "0": the probe's answer, handed to the tuner's worker processes
+
+
 @functools.cache
 def tensorize_works() -> bool:
     """Whether ``Schedule.tensorize`` can run here. It copies the intrinsic through JSON, and with
     apache-tvm-ffi 0.1.15.post2 serialising any dtype segfaults (0.1.14.post0 works with TVM 0.27):
-    probed once in a subprocess, since a segfault would take the compiler's process down."""
+    probed once in a subprocess, since a segfault would take the compiler's process down; a process
+    whose environment has the answer in ``PROBED`` (a tuner's worker: its parent probed) takes it."""
+    given = os.environ.get(PROBED)
+    if given in ("0", "1"):
+        return given == "1"
     probe = "import tvm; tvm.ir.save_json(tvm.ir.PrimType('int32'))"
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 

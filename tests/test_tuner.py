@@ -312,3 +312,17 @@ def test_tune_refuses_gpus_before_measuring(four_gpus, tmp_path):
     code = main(["tune", "--cell", "LSTM", "--input-size", "4", "--hidden-size", "8", "--steps", "3", "--batch", "2",
                  "--target", "cpu", "--gpus", "0", "--database", str(db)])
     assert code == 1 and not db.exists()
+
+
+def test_a_worker_takes_the_tensorize_probe_from_its_parent(monkeypatch):
+    """The tuner hands its probe's answer to its workers: their first compiles start no probe."""
+    from halstm.schedules import cuda_tensorcore
+
+    monkeypatch.setattr(cuda_tensorcore.subprocess, "run", lambda *a, **k: pytest.fail("probed again"))
+    try:
+        for given, expected in (("1", True), ("0", False)):
+            monkeypatch.setenv(cuda_tensorcore.PROBED, given)
+            cuda_tensorcore.tensorize_works.cache_clear()
+            assert cuda_tensorcore.tensorize_works() is expected
+    finally:
+        cuda_tensorcore.tensorize_works.cache_clear()
