@@ -44,6 +44,9 @@ _BOOT = ("import os, sys; sys.path[:] = [p for p in sys.path if p]; answers = os
 
 @dataclass
 class Job:
+    """One candidate: the problem, its recipe and knobs, the inputs and the float64 output it is checked
+    against, and the calls it is timed over."""
+
     cell: object
     steps: int
     batch: int
@@ -101,8 +104,8 @@ def runoff(jobs: list[Job]) -> tuple[list[float], None]:
 
 
 class Worker:
-    """A Python process (``_BOOT``, then ``_serve``) that measures candidates sent on its stdin;
-    restarted when one hangs or kills it. Jobs travel with cloudpickle, so cells defined in a
+    """A Python process (``_BOOT``, then ``_serve``) that builds or measures the candidates sent on its
+    stdin; restarted when one hangs or kills it. Jobs travel with cloudpickle, so cells defined in a
     script's ``__main__`` or a notebook travel by value."""
 
     def __init__(self, gpu: str | None = None, cuda: bool = False, env: dict | None = None):

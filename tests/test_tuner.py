@@ -326,3 +326,23 @@ def test_a_worker_takes_the_tensorize_probe_from_its_parent(monkeypatch):
             assert cuda_tensorcore.tensorize_works() is expected
     finally:
         cuda_tensorcore.tensorize_works.cache_clear()
+
+
+def test_a_round_spread_over_two_measuring_workers_measures_each_job_once(tmp_path):
+    """The dispatch that spreads a round over one measuring worker a GPU, with two CPU workers."""
+    import numpy as np
+
+    from halstm.oracle import reference
+    from halstm.tuner import _inputs
+    from halstm.tuner_workers import Job, Worker, measure_jobs
+
+    cell, target, recipe = halstm.GRU(8, 8), targets.resolve("cpu"), CpuStepLoop()
+    x, params, states = _inputs(cell, 3, 2, "float32", np.random.default_rng(0))
+    expected, _ = reference(cell, x, params, states)
+    knobs = [{**recipe.defaults(lower(cell, 3, 2), target), "rows": r} for r in (1, 2, 4)]
+    jobs = [Job(cell, 3, 2, "float32", target, recipe, k, (x, params, states), expected, 2) for k in knobs]
+    with Worker(gpu="0") as first, Worker(gpu="1") as second:  # CPU jobs: the GPUs they would see go unused
+        done = list(measure_jobs(jobs, [first, second], [], 60, lambda _: None, str(tmp_path), overlap=False))
+    assert sorted(j.knobs["rows"] for j, *_ in done) == [1, 2, 4]
+    assert all(ms is not None and error is None for _, ms, error, _ in done)
+    assert {gpu for *_, gpu in done} == {"0", "1"}  # both took jobs
