@@ -171,8 +171,7 @@ class CompiledBackward:
     def _bind(self, x, params: dict, seqs: dict, grads: dict | None):
         """A call's buffers by slot (``_CallPlan``), the caller's arrays checked and shared, the rest
         allocated; the function that returns (dx, dparams, dstates) after the call; the call plan;
-        the frame. A
-        call's host time beyond its kernels, torch tensors, LSTM T=5 B=2 H=16 float32 on the 2-core
+        the frame. A call's host time beyond its kernels, torch tensors, LSTM T=5 B=2 H=16 float32 on the 2-core
         CPU machine (``python benchmarks/call_overhead.py LSTM 5,2,16 --backward --reps 3000``): 105-120 us;
         210-220 us before the call plan (functions looked up each call, a dict of every argument,
         each buffer allocated on its own), 365-375 us where the module was built in the process

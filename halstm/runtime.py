@@ -125,9 +125,9 @@ class SequenceFunction:
         return timed
 
     def _bind(self, x, params: dict, states: dict | None):
-        """The call with its arguments checked and bound in order (outputs allocated), the
-        function that returns the state sequences after it, and the frame. A call's host time beyond the prepared
-        call, torch tensors, LSTM T=2 B=2 H=8 on the 2-core CPU machine (``python
+        """The call with its arguments checked and bound in order (outputs allocated), the function
+        that returns the state sequences after it, and the frame. A call's host time beyond the
+        prepared call, torch tensors, LSTM T=2 B=2 H=8 on the 2-core CPU machine (``python
         benchmarks/call_overhead.py LSTM 2,2,8 float32 --device cpu --reps 5000``, three runs): 21.2-21.9
         us, 28.1-28.5 before the argument plan (``_slots``), the cached dtype names and the shares that
         make no new tensor objects."""

@@ -60,9 +60,9 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     each in the measuring process). ``gpus`` (a CUDA target): the GPUs that measure candidates at
     once, one process each, as indices of the visible devices or "all"; they must be of the
     target's kind, whose key the records carry (default: the first visible one). The final
-    side-by-side timing runs on the first. ``allow_tf32`` as for ``halstm.compile`` (its own records). A problem
-    or setting that cannot be tuned is refused with ValueError, and a database that cannot be
-    written with OSError, before anything is measured.
+    side-by-side timing runs on the first. ``allow_tf32`` as for ``halstm.compile`` (its own
+    records). A problem or setting that cannot be tuned is refused with ValueError, and a database
+    that cannot be written with OSError, before any worker process starts.
     """
     from halstm import schedules, targets
 
@@ -81,23 +81,23 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
     key = tuning_key(cell, steps, batch, dtype, target, allow_tf32)
     builders = max(1, (os.cpu_count() or 1) - len(gpus)) if builders is None else builders
     cuda = target.kind == "cuda"
+    program = lower(cell, steps, batch, dtype, allow_tf32=allow_tf32)
+    searched = spaces(program, target, recipes or schedules.BUILTIN, seed)
+    size = sum(len(settings) for _, settings in searched)
+    total = size if trials is None else min(trials, size)
+    records = db.records(key)
+    results = {r.candidate: r.ms for r in records}
+    if len(results) >= total and (not records or records[-1].final):  # searched, and the finalists timed
+        log(f"{len(results)} candidates already measured in {db.path}")
+        return db.best(key)
+    _check_writable(db.path)
+
     env = {PROBED: str(int(tensorize_works()))} if cuda else {}  # the workers' compiles need not probe again
     with contextlib.ExitStack() as stack:
-        # started first: they import the compiler (and load CUDA) while the spaces and the reference are computed
+        # started before the reference is computed: they import the compiler (and load CUDA) meanwhile
         measurers = [stack.enter_context(Worker(gpu, cuda=cuda, env=env)) for gpu in gpus]
         compilers = [stack.enter_context(Worker(env=env)) for _ in range(builders if builders > 1 else 0)]
         folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="halstm-tune-"))  # the modules
-        program = lower(cell, steps, batch, dtype, allow_tf32=allow_tf32)
-        searched = spaces(program, target, recipes or schedules.BUILTIN, seed)
-        size = sum(len(settings) for _, settings in searched)
-        total = size if trials is None else min(trials, size)
-        records = db.records(key)
-        results = {r.candidate: r.ms for r in records}
-        if len(results) >= total and (not records or records[-1].final):  # searched, and the finalists timed
-            log(f"{len(results)} candidates already measured in {db.path}")
-            return db.best(key)
-        _check_writable(db.path)
-
         rng = np.random.default_rng(seed)
         x, params, states = _inputs(cell, steps, batch, dtype, rng)
         expected, _ = reference(cell, x, params, states)
@@ -114,7 +114,8 @@ def tune(cell, steps: int, batch: int, dtype: str = "float32", target="cpu", *, 
                 if ms is not None and (best is None or ms < best.ms):
                     best = record
                 bar = "#" * (20 * len(results) // total)
-                log(f"|{bar:<20}| [{len(results)}/{total}]{f' GPU {gpu}' * (len(gpus) > 1)} {record.recipe} {record.knobs}: "
+                on = f" GPU {gpu}" if len(gpus) > 1 else ""
+                log(f"|{bar:<20}| [{len(results)}/{total}]{on} {record.recipe} {record.knobs}: "
                     + (f"{ms:.3f} ms" if ms is not None else f"failed ({error})")
                     + (f" | best {best.ms:.3f} ms ({best.recipe} {best.knobs})" if best else ""))
         _final(db, key, searched, job, folder, measurers[0], timeout, log)
@@ -151,9 +152,9 @@ def measuring_gpus(gpus, target) -> list[str | None]:
     from halstm.targets.cuda import visible_gpus
 
     found = visible_gpus()
-    indices = list(range(len(found))) if gpus == "all" else list(gpus) if not isinstance(gpus, str) else None
-    if not indices or any(not isinstance(i, (int, np.integer)) or not 0 <= i < len(found) for i in indices) \
-            or len(set(indices)) < len(indices):
+    indices = list(range(len(found))) if gpus == "all" else [] if isinstance(gpus, str) else list(gpus)
+    valid = all(isinstance(i, (int, np.integer)) and 0 <= i < len(found) for i in indices)
+    if not (indices and valid and len(set(indices)) == len(indices)):
         raise ValueError(f"gpus: expected 'all' or distinct indices of the {len(found)} visible CUDA devices, got {gpus!r}")
     for i in indices:
         gpu = found[i]

@@ -200,8 +200,8 @@ def _receive(stream, limit: int | None = None):
 def _serve(answers: int, cuda: bool = False) -> None:
     """The worker's loop: build or measure each job read from stdin, answer (ms, None) or
     (None, why) on the file descriptor ``answers``. It first imports the compiler and, with
-    ``cuda``, creates its GPU's CUDA context: while the tuner's process enumerates the spaces and
-    computes the reference, not on the first candidate."""
+    ``cuda``, creates its GPU's CUDA context: while the tuner's process computes the reference and
+    the first round compiles, not on the first candidate."""
     stdin, stdout = sys.stdin.buffer, os.fdopen(answers, "wb")
     sys.stdout = sys.stderr  # Python's prints unbuffered, in order with the rest (fd 1 is stderr's)
     from . import compiler, deploy  # noqa: F401

@@ -263,7 +263,7 @@ class CudaPersistent(Recipe):
                 return False
         elif tm > B // P or (_widest(program) // H * U) % tn:
             return False
-        return (tm * tn + (tm + tn) * VECTOR <= MAX_TILE_REGISTERS and _hoisted_tile_fits(program, target, knobs)
+        return (tm * tn + (tm + tn) * VECTOR <= MAX_TILE_REGISTERS and _hoisted(program, target, knobs)[2]
                 and PersistentKernel.plan(program, target, knobs) is not None)
 
     def space(self, program, target) -> list[dict]:
@@ -312,33 +312,24 @@ def hoisted_knobs_matter(recipe, program, target, knobs: dict) -> bool:
     the hoisted GEMM (on WMMA tensor cores; wgmma where there is one): a setting that only repeats
     another is not worth measuring."""
     first = {n: knobs[n] == recipe.knobs[n][0] for n in ("tc_hoisted_frags", "wgmma")}
-    wmma, wgmma = per_program("hoisted GEMM", program, _hoisted_key(target, knobs),
-                              lambda: _hoisted_choices(program, target, knobs))
+    wmma, wgmma, _ = _hoisted(program, target, knobs)
     return (first["tc_hoisted_frags"] or wmma) and (first["wgmma"] or wgmma)
 
 
-def _hoisted_key(target, knobs: dict) -> tuple:
-    """What the hoisted GEMM's schedule depends on of a recipe's knobs (``prologue_knobs``)."""
-    return target, knobs["wgmma"], knobs["tc_hoisted_frags"]
-
-
-def _hoisted_choices(program, target, knobs: dict) -> tuple[bool, bool]:
-    """Whether the hoisted GEMM runs on WMMA tensor cores with ``knobs``, and whether wgmma could run it."""
-    hoisted = prologue_knobs(program, target, knobs)
-    wmma = use_tensor_cores(hoisted, program, target) and not on_wgmma(hoisted, program, target)
-    wgmma = (wgmma_available(program.dtype, target, program.allow_tf32)
-             or split_tf32(prologue_knobs(program, target, {**knobs, "wgmma": True}), program, target, True))
-    return wmma, wgmma
-
-
-def _hoisted_tile_fits(program, target, knobs: dict) -> bool:
-    """Whether the hoisted GEMM's tensor-core tile (where it runs on tensor cores) fits the target."""
-    def fits():
+def _hoisted(program, target, knobs: dict) -> tuple[bool, bool, bool]:
+    """Whether the hoisted GEMM runs on WMMA tensor cores with ``knobs``, whether wgmma could run it,
+    and whether its tensor-core tile (where it runs on tensor cores) fits the target: computed once
+    a program and setting of the knobs ``prologue_knobs`` reads, not once a candidate."""
+    def compute():
         hoisted = prologue_knobs(program, target, knobs)
-        return (not use_tensor_cores(hoisted, program, target)
-                or hoisted_tensor_core_tile(hoisted).fits(BYTES[program.dtype], target))
+        cores = use_tensor_cores(hoisted, program, target)
+        wmma = cores and not on_wgmma(hoisted, program, target)
+        wgmma = (wgmma_available(program.dtype, target, program.allow_tf32)
+                 or split_tf32(prologue_knobs(program, target, {**knobs, "wgmma": True}), program, target, True))
+        fits = not cores or hoisted_tensor_core_tile(hoisted).fits(BYTES[program.dtype], target)
+        return wmma, wgmma, fits
 
-    return per_program("hoisted tile", program, _hoisted_key(target, knobs), fits)
+    return per_program("hoisted GEMM", program, (target, knobs["wgmma"], knobs["tc_hoisted_frags"]), compute)
 
 
 def _row_blocks(recipe, program, target, knobs) -> dict:

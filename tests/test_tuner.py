@@ -106,11 +106,9 @@ class WrongGRU(halstm.GRU):
         return halstm.tanh(super().step(p, x, h))
 
 
-class Unreliable(Recipe):
-    """The CPU recipe, made to fail in every way a candidate can."""
+class OnCpu(Recipe):
+    """The CPU recipe at its defaults, under knobs of a test's own."""
 
-    name = "unreliable"
-    knobs = {"mode": ("ok", "raise", "hang", "crash", "wrong")}
     cpu = CpuStepLoop()
 
     def is_applicable(self, program, target):
@@ -118,6 +116,13 @@ class Unreliable(Recipe):
 
     def layout(self, program, target, knobs):
         return self.cpu.layout(program, target, self.cpu.defaults(program, target))
+
+
+class Unreliable(OnCpu):
+    """The CPU recipe, made to fail in every way a candidate can."""
+
+    name = "unreliable"
+    knobs = {"mode": ("ok", "raise", "hang", "crash", "wrong")}
 
     def apply(self, program, target, mode):
         if mode == "raise":
@@ -150,18 +155,11 @@ def test_failed_candidates_are_recorded_and_skipped(builders, tmp_path):
     assert "wrong result" in errors["wrong"]
 
 
-class SlowToBuild(Recipe):
+class SlowToBuild(OnCpu):
     """The CPU recipe, its compile delayed by the knob's seconds."""
 
     name = "slow-to-build"
     knobs = {"delay": (0.0, 4.0, 0.01)}
-    cpu = CpuStepLoop()
-
-    def is_applicable(self, program, target):
-        return self.cpu.is_applicable(program, target)
-
-    def layout(self, program, target, knobs):
-        return self.cpu.layout(program, target, self.cpu.defaults(program, target))
 
     def apply(self, program, target, delay):
         time.sleep(delay)
