@@ -11,8 +11,8 @@ name and resolved knobs (a tuning record that changes them changes the key), the
 versions and a SHA-256 of halstm's sources and the recipe's file (an edited recipe misses).
 
 A forward entry is ``halstm.export``'s module and sidecar, read back with ``halstm.load`` (which
-checks the module's size and SHA-256 before opening it); a backward entry, whose module holds two
-functions, the module and a sidecar of its size, SHA-256 and key. Each file is written to a
+checks the module's size and SHA-256 before opening it); a backward entry, whose module holds three
+functions, the module and a sidecar of its size, SHA-256, key and scratch buffers. Each file is written to a
 temporary name and renamed (the module first), so processes compiling at once each write whole
 files and a reader never opens a partial one. An entry refused on load (``ModuleRefused``,
 ``OSError``: truncated, changed, missing its sidecar) is deleted and built again. A write that
@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 import tvm
@@ -45,9 +46,9 @@ from . import deploy
 from .cell import BUILD_LOCK
 from .compiler import CompiledCell
 from .gradients import CompiledBackward
-from .runtime import SequenceFunction
+from .runtime import Arg, SequenceFunction, check_dimension
 
-FORMAT = 1  # of a backward entry's sidecar
+FORMAT = 2  # of a backward entry's sidecar
 stats = {"hits": 0, "misses": 0}  # this process's lookups, for tests and diagnostics
 _warned = False  # a failed write warns once a process
 
@@ -79,7 +80,8 @@ def backward(program, target, recipe, knobs: dict, adjoint, build) -> CompiledBa
 
     def store(compiled, path):
         deploy._write_atomically(path, lambda tmp: compiled.module.export_library(str(tmp)))
-        meta = {"format": FORMAT, "size": path.stat().st_size, "sha256": deploy._sha256(path), "key": key}
+        meta = {"format": FORMAT, "size": path.stat().st_size, "sha256": deploy._sha256(path), "key": key,
+                "scratch": {name: [asdict(a) for a in args] for name, args in compiled.scratch.items()}}
         deploy._write_atomically(deploy.sidecar(path), lambda tmp: tmp.write_text(json.dumps(meta) + "\n"))
 
     def load(path):
@@ -87,7 +89,8 @@ def backward(program, target, recipe, knobs: dict, adjoint, build) -> CompiledBa
         deploy._check_file(path, meta)
         if target.kind == "cuda":
             deploy._compile_kernels_for(target.isa)
-        return CachedBackward(program, target, recipe, knobs, tvm_ffi.load_module(str(path)), adjoint, path, build)
+        return CachedBackward(program, target, recipe, knobs, tvm_ffi.load_module(str(path)), adjoint,
+                              _scratch(meta, path), path, build)
 
     return _cached(key, build, store, load)
 
@@ -139,6 +142,19 @@ def _backward_meta(path: Path, key: dict) -> dict:
     return meta
 
 
+def _scratch(meta: dict, path: Path) -> dict[str, tuple[Arg, ...]]:
+    """A backward entry's scratch buffers by function (``halstm.scratch``), refused unless well formed."""
+    try:
+        scratch = {name: tuple(Arg.from_json(a) for a in args) for name, args in meta["scratch"].items()}
+        for args in scratch.values():
+            for a in args:
+                for d in a.shape:
+                    check_dimension(d, follows_steps=True)
+    except (AttributeError, KeyError, TypeError, ValueError) as error:
+        raise deploy.ModuleRefused(f"{deploy.sidecar(path)}: scratch: {error!r}") from None
+    return scratch
+
+
 def _key(kind: str, programs: list, target, recipe, knobs: dict) -> dict:
     first = programs[0]
     cell = first.cell
@@ -147,6 +163,7 @@ def _key(kind: str, programs: list, target, recipe, knobs: dict) -> dict:
         "kind": kind, "program": sources, "cell": cell.name, "steps": first.steps, "batch": first.batch,
         "dtype": first.dtype, "input_size": cell.input_size, "hidden_size": cell.hidden_size,
         "allow_tf32": first.allow_tf32, "target": deploy._target_meta(target), "recipe": recipe.name,
+        "lifts_scratch": bool(getattr(target, "lifts_scratch", False)),
         # JSON keeps knob types apart (1, 1.0 and true differ), as check_knobs does
         "knobs": json.loads(json.dumps(knobs, sort_keys=True, default=repr)),
         "halstm": deploy._halstm_version(), "tvm": tvm.__version__, "code": _code(_file_of(recipe)),
@@ -204,8 +221,8 @@ class CachedBackward(_Rebuilt, CompiledBackward):
     """``compile_backward``'s result loaded from the cache entry ``cached`` (a path). ``schedules``
     are built on first access."""
 
-    def __init__(self, program, target, recipe, knobs: dict, module, adjoint, cached: Path, build):
+    def __init__(self, program, target, recipe, knobs: dict, module, adjoint, scratch: dict, cached: Path, build):
         self.program, self.target, self.recipe, self.knobs, self.module = program, target, recipe, knobs, module
-        self.adjoint, self.cached, self._build = adjoint, cached, build
+        self.adjoint, self.scratch, self.cached, self._build = adjoint, scratch, cached, build
 
     schedules = property(lambda self: self._built.schedules)

@@ -14,6 +14,7 @@ from .database import Database, Record, best, nearest_steps, tuning_key
 from .lowering import Program, lower
 from .plan import make_plan
 from .runtime import SequenceFunction, Signature
+from .scratch import lift_module
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -92,8 +93,9 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
         schedule = recipe.apply(program, target, **knobs)
         if schedule is None:
             raise ValueError(f"recipe '{recipe.name}' does not apply to {cell!r} on {target}")
-        module = target.build(schedule.mod, **getattr(recipe, "build_options", {}))
-        return CompiledCell(program, target, recipe, knobs, schedule, module, record)
+        mod, scratch = lift_module(schedule.mod, target)
+        module = target.build(mod, **getattr(recipe, "build_options", {}))
+        return CompiledCell(program, target, recipe, knobs, schedule, module, record, scratch.get("main", ()))
 
     return cache.forward(program, target, recipe, knobs, record, build)
 
@@ -146,8 +148,9 @@ class CompiledCell(SequenceFunction):
 
     cached = None
 
-    def __init__(self, program: Program, target, recipe, knobs, schedule, module, record: Record | None = None):
-        super().__init__(module["main"], signature(program), target.device())
+    def __init__(self, program: Program, target, recipe, knobs, schedule, module, record: Record | None = None,
+                 scratch: tuple = ()):
+        super().__init__(module["main"], signature(program, scratch), target.device())
         self.program, self.target, self.recipe, self.knobs = program, target, recipe, knobs
         self.schedule, self.module, self.record = schedule, module, record
 
@@ -160,8 +163,10 @@ class CompiledCell(SequenceFunction):
                 f"with {self.recipe.name} {self.knobs}>")
 
 
-def signature(program: Program) -> Signature:
+def signature(program: Program, scratch: tuple = ()) -> Signature:
+    """The compiled function's signature: the program's arguments, then the ``scratch`` buffers
+    (``halstm.scratch``) its schedule needs."""
     cell = program.cell
     return Signature(cell.name, tuple(cell.states), cell.output, cell.input_size, cell.hidden_size,
-                     program.steps, program.batch, program.dtype, tuple(program.args),
+                     program.steps, program.batch, program.dtype, (*program.args, *scratch),
                      None if program.steps else program.longest)

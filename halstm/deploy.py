@@ -35,7 +35,7 @@ from pathlib import Path
 import tvm
 import tvm_ffi
 
-from .runtime import STEPS, SequenceFunction, Signature
+from .runtime import STEPS, SequenceFunction, Signature, check_dimension
 
 FORMAT = 3
 
@@ -62,7 +62,7 @@ _SCHEMA = {
     "format": int, "size": int, "sha256": str, "cell": str, "cell_hash": str, "halstm": str, "tvm": str,
     "signature": {"cell": str, "states": [str], "output": str, "input_size": int, "hidden_size": int,
                   "steps": (int, type(None)), "batch": int, "dtype": str, "longest": (int, type(None)),
-                  "args": [{"name": str, "shape": [int], "dtype": str, "role": str,
+                  "args": [{"name": str, "shape": [(int, list)], "dtype": str, "role": str,
                             "extra_steps": (int, type(None))}]},
     "target": dict, "recipe": str, "knobs": dict, "allow_tf32": bool,
 }
@@ -224,7 +224,8 @@ def _check_signature(where: Path, signature: Signature) -> None:
                             f"found {signature.output!r}")
     expected = {"x": ["x"], "state": [s + "0" for s in signature.states],
                 "param": [a.name for a in signature.args if a.role == "param"],
-                "output": [s + "_seq" for s in signature.states]}
+                "output": [s + "_seq" for s in signature.states],
+                "scratch": [a.name for a in signature.args if a.role == "scratch"]}
     if signature.steps is None:
         expected["steps"] = [STEPS]
     found = {role: [a.name for a in signature.args if a.role == role]
@@ -236,7 +237,15 @@ def _check_signature(where: Path, signature: Signature) -> None:
         raise ModuleRefused(f"{where}: signature.longest: expected a positive int where steps is null (any T), "
                             f"null otherwise; found steps {signature.steps!r}, longest {signature.longest!r}")
     sequences = {"x": 0, **{s + "_seq": 1 for s in signature.states}} if any_steps else {}
-    for a in signature.args:
+    scratch_from = len(signature.args) - len(expected["scratch"])
+    for i, a in enumerate(signature.args):
+        if (a.role == "scratch") != (i >= scratch_from):
+            raise ModuleRefused(f"{where}: signature.args {a.name}: the scratch buffers come last")
+        try:
+            for d in a.shape:
+                check_dimension(d, any_steps and a.role == "scratch")
+        except ValueError as error:
+            raise ModuleRefused(f"{where}: signature.args {a.name}: shape: {error}") from None
         if a.extra_steps != sequences.get(a.name):
             raise ModuleRefused(f"{where}: signature.args {a.name}: extra_steps: expected "
                                 f"{sequences.get(a.name)!r}, found {a.extra_steps!r}")

@@ -29,6 +29,7 @@ from .lowering import lower
 from .oracle import _Evaluator
 from .plan import make_plan
 from .runtime import Arg, Pack, as_frame, check_array, check_names, on_cpu, steps_of
+from .scratch import lift_module
 
 
 @serialised
@@ -56,8 +57,9 @@ def compile_backward(cell: Cell, steps: int | None, batch: int, dtype: str = "fl
     def build():
         made = {name: scheduled.get(name) or recipe.apply(p, target, **knobs) for name, p in program.functions.items()}
         functions = {name: s.mod["main"].with_attr("global_symbol", name) for name, s in made.items()}
-        module = target.build(tvm.IRModule(functions), **getattr(recipe, "build_options", {}))
-        return CompiledBackward(program, target, recipe, knobs, made, module, adjoint)
+        mod, scratch = lift_module(tvm.IRModule(functions), target)
+        module = target.build(mod, **getattr(recipe, "build_options", {}))
+        return CompiledBackward(program, target, recipe, knobs, made, module, adjoint, scratch)
 
     return cache.backward(program, target, recipe, knobs, adjoint, build)
 
@@ -110,14 +112,16 @@ class CompiledBackward:
     sequences (``CompiledCell.sequences``). NumPy arrays in, NumPy out; torch tensors in, torch out
     (shared through DLPack, as the forward). ``schedules`` holds each function's schedule by name
     ("prepare", "rows", "weights"), ``adjoint`` the compiled reversed loop (a ``CompiledCell``);
-    ``cached``: the compiled-module cache's entry, None where it was built)."""
+    ``scratch`` each function's scratch buffers by name (``halstm.scratch``); ``cached``: the
+    compiled-module cache's entry, None where it was built)."""
 
     cached = None
     PLANS_KEPT = 64  # call plans kept for a backward of any T, one a sequence length
 
-    def __init__(self, program: BackwardProgram, target, recipe, knobs, schedules: dict, module, adjoint):
+    def __init__(self, program: BackwardProgram, target, recipe, knobs, schedules: dict, module, adjoint,
+                 scratch: dict):
         self.program, self.target, self.recipe, self.knobs = program, target, recipe, knobs
-        self.schedules, self.module, self.adjoint = schedules, module, adjoint
+        self.schedules, self.module, self.adjoint, self.scratch = schedules, module, adjoint, scratch
 
     @functools.cached_property
     def _plans(self) -> dict[int, _CallPlan]:
@@ -251,13 +255,17 @@ class _CallPlan:
         grad_shape = next(a.at(T).shape for a in p.args if a.role == "grad")
         scratch = [Arg("zeros", (B, H), dtype, "buffer"), Arg("no gradient", grad_shape, dtype, "buffer")]
         self.zeros, self.no_gradient = slot("zeros"), slot("no gradient")
+        self.scratch_slots = [self.zeros, self.no_gradient]
 
-        def allocated(arg: Arg):
+        def allocated(arg: Arg, key: str | None = None) -> int:
+            """The slot of a buffer the call allocates: a result, or one of the pack's (``key``:
+            its slot's name where not the buffer's)."""
             if arg.name in results:
                 self.results.append((slot(arg.name), arg))
-            else:
-                slot(arg.name)
-                scratch.append(arg)
+                return slots[arg.name]
+            scratch.append(arg)
+            self.scratch_slots.append(slot(key or arg.name))
+            return self.scratch_slots[-1]
 
         for arg in p.args:
             arg = arg.at(T)
@@ -286,14 +294,16 @@ class _CallPlan:
                 if final is not None:
                     self.final_grads.append((adjoint_args[-1], final))
             else:
-                allocated(arg)
-                adjoint_args.append(slots[arg.name])
+                adjoint_args.append(allocated(arg))
+        # each function's own scratch buffers (``halstm.scratch``), a slot each
+        adjoint_args += [allocated(a.at(T + 1), f"adjoint {a.name}") for a in adjoint.scratch]
+        indices = {name: [slots[a.name] for a in f.args] + [allocated(a.at(T), f"{name} {a.name}")
+                                                           for a in backward.scratch.get(name, ())]
+                   for name, f in p.functions.items()}
         self.count, self.scratch = len(slots), Pack(scratch)
-        self.scratch_slots = [slots[a.name] for a in scratch]
         self.dx = slots["dx"]
         self.dparams = [(n, slots[f"d{n}"]) for n in cell.parameters()]
         self.dstates = [(s, slots[f"d{s}_seq"]) for s in cell.states]
-        indices = {name: [slots[a.name] for a in f.args] for name, f in p.functions.items()}
         self.calls = [(backward.module["prepare"], _getter(indices["prepare"])),
                       (adjoint.function, _getter(adjoint_args)),
                       (backward.module["rows"], _getter(indices["rows"])),

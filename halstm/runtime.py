@@ -26,7 +26,8 @@ class Arg:
     name: str
     shape: tuple[int, ...]
     dtype: str
-    role: str  # "x", "state", "param", "output", or "steps": T, where the function serves any
+    role: str  # "x", "state", "param", "output", "scratch" (``halstm.scratch``), or "steps": T, where
+    # the function serves any
     # a sequence of a function for any T: ``shape[0]`` rows a step, over T + extra_steps steps
     extra_steps: int | None = None
 
@@ -41,10 +42,50 @@ class Arg:
 
     def at(self, steps: int) -> Arg:
         """The argument of a call over ``steps`` steps, its shape concrete."""
-        if self.extra_steps is None:
+        if self.extra_steps is not None:
+            rows = (steps + self.extra_steps) * self.shape[0]
+            return Arg(self.name, (rows, *self.shape[1:]), self.dtype, self.role)
+        if all(type(d) is int for d in self.shape):
             return self
-        rows = (steps + self.extra_steps) * self.shape[0]
-        return Arg(self.name, (rows, *self.shape[1:]), self.dtype, self.role)
+        return Arg(self.name, tuple(dimension(d, steps) for d in self.shape), self.dtype, self.role)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Arg:
+        return cls(d["name"], tuple(_from_json_dim(x) for x in d["shape"]), d["dtype"], d["role"], d.get("extra_steps"))
+
+
+# a dimension that follows T (``halstm.scratch``): "T", an int, or (operator, left, right)
+DIM_OPERATORS = {"+": int.__add__, "-": int.__sub__, "*": int.__mul__, "//": int.__floordiv__, "%": int.__mod__,
+                 "min": min, "max": max}
+
+
+def dimension(dim, steps: int) -> int:
+    """``dim`` (an int, or an expression of T) at T = ``steps``."""
+    if type(dim) is int:
+        return dim
+    if dim == "T":
+        return steps
+    op, left, right = dim
+    return DIM_OPERATORS[op](dimension(left, steps), dimension(right, steps))
+
+
+def check_dimension(dim, follows_steps: bool, depth: int = 16) -> None:
+    """Refuse a dimension (a sidecar's, before a call evaluates it) that is neither a positive int
+    (a non-negative one) nor, where ``follows_steps``, an expression of T over DIM_OPERATORS, at most ``depth`` deep."""
+    if type(dim) is int:
+        if dim < 0:
+            raise ValueError(f"a negative dimension {dim}")
+        return
+    if follows_steps and dim == "T":
+        return
+    if not follows_steps or not isinstance(dim, tuple) or len(dim) != 3 or dim[0] not in DIM_OPERATORS or depth == 0:
+        raise ValueError(f"expected {'an int or an expression of T' if follows_steps else 'an int'}, found {dim!r}")
+    check_dimension(dim[1], True, depth - 1)
+    check_dimension(dim[2], True, depth - 1)
+
+
+def _from_json_dim(dim):
+    return tuple(_from_json_dim(d) for d in dim) if isinstance(dim, list) else dim
 
 
 @dataclass(frozen=True)
@@ -67,7 +108,7 @@ class Signature:
 
     @classmethod
     def from_json(cls, d: dict) -> Signature:
-        args = tuple(Arg(a["name"], tuple(a["shape"]), a["dtype"], a["role"], a.get("extra_steps")) for a in d["args"])
+        args = tuple(Arg.from_json(a) for a in d["args"])
         return cls(**{**d, "states": tuple(d["states"]), "args": args})
 
     def __str__(self):
@@ -84,19 +125,36 @@ class SequenceFunction:
     the math as in PyTorch.
     """
 
+    PACKS_KEPT = 64  # scratch packs kept for a function of any T, one a sequence length
+
     def __init__(self, main, signature: Signature, device):
         self._main, self.signature, self._device = main, signature, device
         self._param_names = {a.name for a in signature.args if a.role == "param"}
         self._cpu = on_cpu(device)
-        # per argument, in call order: (arg, where a given value is: "params" or "states" or None, its key)
+        given = [a for a in signature.args if a.role != "scratch"]
+        self.scratch = tuple(signature.args[len(given):])  # ``halstm.scratch``: the last arguments
+        if any(a.role != "scratch" for a in self.scratch):
+            raise ValueError("a compiled function's scratch buffers must be its last arguments")
+        # per argument but scratch, in call order: (arg, where a given value is: "params" or "states" or None, its key)
         self._slots = [(a, {"param": "params", "state": "states"}.get(a.role),
-                        a.name[:-1] if a.role == "state" else a.name) for a in signature.args]
+                        a.name[:-1] if a.role == "state" else a.name) for a in given]
+        self._packs: dict[int, Pack] = {}
 
     @property
     def slots(self) -> list:
-        """Per argument of the compiled function, in call order: (its ``Arg``, where a caller's value
-        comes from: "params", "states" or None, its key there)."""
+        """Per argument of the compiled function but its scratch buffers (``scratch``, which come
+        after), in call order: (its ``Arg``, where a caller's value comes from: "params", "states"
+        or None, its key there)."""
         return self._slots
+
+    def scratch_pack(self, steps: int) -> Pack:
+        """The scratch buffers of a call over ``steps`` steps, allocated together."""
+        pack = self._packs.get(steps)
+        if pack is None:
+            if len(self._packs) >= self.PACKS_KEPT:
+                self._packs.pop(next(iter(self._packs)))
+            pack = self._packs[steps] = Pack(a.at(steps) for a in self.scratch)
+        return pack
 
     @property
     def function(self):
@@ -155,6 +213,8 @@ class SequenceFunction:
                 t = frame.new(arg, zeros=arg.role == "state")
                 outputs[arg.name] = t
             tensors.append(t)
+        if self.scratch:
+            tensors += frame.new_all(self.scratch_pack(T))
 
         def finish():
             return {s: frame.result(outputs[s + "_seq"]).reshape(T + 1, B, H) for s in sig.states}

@@ -240,7 +240,8 @@ def measure_jobs(jobs: list[Job], measurers: list[Worker], builders: list[Worker
              overlap: bool):
     """(job, ms, error, the measuring worker's GPU or None) for each job, as each is measured:
     compiled first into ``folder`` by the ``builders`` (where there are any), then checked and
-    timed by the first free of the ``measurers`` (one a GPU): with ``overlap`` (a GPU's kernels,
+    timed by a free one of the ``measurers`` (one a GPU; of those free, the one that has measured
+    fewest, so that candidates built one at a time still spread over the GPUs): with ``overlap`` (a GPU's kernels,
     which the compiles leave alone) as soon as it is built, else once every job is built (a CPU
     function runs on all cores, which the compiles would take)."""
     if builders:
@@ -248,16 +249,19 @@ def measure_jobs(jobs: list[Job], measurers: list[Worker], builders: list[Worker
             job.module = module_path(folder, job)
     to_build, to_measure = (list(range(len(jobs))), []) if builders else ([], list(range(len(jobs))))
     busy, built, start = {}, 0, time.monotonic()  # busy: worker -> (job index, phase)
+    taken = dict.fromkeys(measurers, 0)  # jobs each measuring worker took
     while to_build or to_measure or busy:
         building = to_build or any(phase == "build" for _, phase in busy.values())
         for workers, queue, phase in ((builders, to_build, "build"), (measurers, to_measure, "measure")):
             if phase == "measure" and building and not overlap:
                 continue
-            for worker in workers:
+            for worker in workers if phase == "build" else sorted(workers, key=taken.get):
                 if worker not in busy and queue:
                     i = queue.pop(0)
                     worker.send(jobs[i], phase)
                     busy[worker] = i, phase
+                    if phase == "measure":
+                        taken[worker] += 1
         ready, _, _ = select.select([w.process.stdout for w in busy], [], [], 0.5)
         for worker in [w for w in busy if w.process.stdout in ready or time.monotonic() > w.started + timeout]:
             i, phase = busy.pop(worker)

@@ -24,6 +24,10 @@ class CpuTarget:
     lanes: int
 
     kind = "cpu"
+    # global buffers between a function's loops stay in TVM's workspace pool, which keeps them
+    # between calls: a caller's allocation of the hoisted GEMM's T x B x 4H output would fault its
+    # pages in on every call (``halstm.scratch``)
+    lifts_scratch = False
 
     @classmethod
     def host(cls) -> CpuTarget:

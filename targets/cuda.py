@@ -27,6 +27,10 @@ class CudaTarget:
     name: str = ""
 
     kind = "cuda"
+    # global buffers between kernels are passed in by the caller (torch's allocator), not taken
+    # from TVM's workspace pool, whose destructor may free them after the CUDA runtime began
+    # unloading at exit (``halstm.scratch``)
+    lifts_scratch = True
     static_shared_memory = 48 * 1024  # per block, for "shared" scope (static) allocations
 
     @functools.cached_property

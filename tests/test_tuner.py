@@ -344,3 +344,23 @@ def test_a_round_spread_over_two_measuring_workers_measures_each_job_once(tmp_pa
     assert sorted(j.knobs["rows"] for j, *_ in done) == [1, 2, 4]
     assert all(ms is not None and error is None for _, ms, error, _ in done)
     assert {gpu for *_, gpu in done} == {"0", "1"}  # both took jobs
+
+
+def test_jobs_built_one_at_a_time_take_turns_on_the_measuring_workers(tmp_path):
+    """Built by one compile process, jobs reach the measuring workers one at a time, each finding
+    both free: they take turns (the first free one took them all before)."""
+    import numpy as np
+
+    from halstm.oracle import reference
+    from halstm.tuner import _inputs
+    from halstm.tuner_workers import Job, Worker, measure_jobs
+
+    cell, target, recipe = halstm.GRU(8, 8), targets.resolve("cpu"), CpuStepLoop()
+    x, params, states = _inputs(cell, 3, 2, "float32", np.random.default_rng(0))
+    expected, _ = reference(cell, x, params, states)
+    knobs = [{**recipe.defaults(lower(cell, 3, 2), target), "rows": r} for r in (1, 2, 4, 8)]
+    jobs = [Job(cell, 3, 2, "float32", target, recipe, k, (x, params, states), expected, 2) for k in knobs]
+    with Worker(gpu="0") as first, Worker(gpu="1") as second, Worker() as builder:
+        done = list(measure_jobs(jobs, [first, second], [builder], 60, lambda _: None, str(tmp_path), overlap=True))
+    assert all(ms is not None and error is None for _, ms, error, _ in done)
+    assert sorted(gpu for *_, gpu in done) == ["0", "0", "1", "1"]

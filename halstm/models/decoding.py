@@ -32,6 +32,7 @@ from ..lowering import (ACCUMULATE, PackedLayout, Skeleton, _body, _columns, _ge
 from ..ops import CONCAT_TAG, argmax, concat, tracing
 from ..plan import Gemm, Matmul, Plan
 from ..runtime import Arg, check_array, check_names, as_frame, new_array
+from ..scratch import lift_module
 
 FLOAT = "float32"
 
@@ -224,7 +225,8 @@ def compile(decoder, steps: int, batch: int, target="cpu", knobs: dict | None = 
     if layout != program.layout:
         program = lower(decoder, int(steps), int(batch), layout)
     schedule = recipe.apply(program, target, **knobs)
-    return GreedyDecoder(program, target, recipe, knobs, schedule, target.build(schedule.mod))
+    mod, scratch = lift_module(schedule.mod, target)
+    return GreedyDecoder(program, target, recipe, knobs, schedule, target.build(mod), scratch)
 
 
 class GreedyDecoder:
@@ -234,9 +236,9 @@ class GreedyDecoder:
     first, logits (N, B, V). NumPy arrays in, NumPy out; torch tensors in, torch out (shared through
     DLPack, on torch's current stream)."""
 
-    def __init__(self, program: DecodeProgram, target, recipe, knobs, schedule, module):
+    def __init__(self, program: DecodeProgram, target, recipe, knobs, schedule, module, scratch: dict):
         self.program, self.target, self.recipe, self.knobs = program, target, recipe, knobs
-        self.schedule, self.module = schedule, module
+        self.schedule, self.module, self.scratch = schedule, module, scratch  # scratch: ``halstm.scratch``
         self._device = target.device()
 
     def pack(self, params: dict) -> dict:
@@ -249,7 +251,8 @@ class GreedyDecoder:
             check_array(params[arg.name], f"params['{arg.name}']", arg.shape, arg.dtype)
             weights[arg.name] = frame.share(params[arg.name])
         weights |= {a.name: new_array(a, self._device, zeros=False) for a in p.pack_args if a.role == "packed"}
-        self.module["pack"](*(weights[a.name] for a in p.pack_args))
+        scratch = [frame.new(a, zeros=False) for a in self.scratch.get("pack", ())]
+        self.module["pack"](*(weights[a.name] for a in p.pack_args), *scratch)
         return {a.name: weights[a.name] for a in p.args if a.role in ("param", "packed")}
 
     def __call__(self, weights: dict, context, h0, start):
@@ -266,6 +269,7 @@ class GreedyDecoder:
                 tensors.append(outputs.setdefault(arg.name, frame.new(arg, zeros=False)))
             else:
                 tensors.append(weights[arg.name])
+        tensors += [frame.new(a, zeros=False) for a in self.scratch.get("main", ())]
         self.module["main"](*tensors)
         tokens, hidden, logits = (frame.result(outputs[n]) for n in ("tokens", "h_seq", "logits"))
         return tokens.reshape(N + 1, B)[1:], hidden.reshape(N + 1, B, H), logits.reshape(N, B, V)

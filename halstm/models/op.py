@@ -10,6 +10,7 @@ from tvm import te
 
 from halstm import targets
 from halstm.runtime import Arg, check_array, TorchFrame
+from halstm.scratch import lift_module
 
 
 @dataclass
@@ -57,8 +58,10 @@ class CompiledOp:
         self.schedule = recipe.apply(program, target, **knobs)
         if self.schedule is None:
             raise ValueError(f"recipe '{recipe.name}' does not apply to {program.name} on {target}")
-        self.module = target.build(self.schedule.mod)
+        mod, scratch = lift_module(self.schedule.mod, target)
+        self.module = target.build(mod)
         self._main = self.module["main"]
+        self._args = [*program.args, *scratch.get("main", ())]  # then the schedule's scratch buffers
         self._inputs = [a.name for a in program.args if a.role == "input"]  # once, not per call
 
     def __call__(self, *values):
@@ -72,7 +75,7 @@ class CompiledOp:
             if value.device != values[0].device:
                 raise ValueError(f"{name} is on {value.device}, {self._inputs[0]} on {values[0].device}")
         tensors, outputs = [], {}
-        for arg in self.program.args:
+        for arg in self._args:
             if arg.role == "input":
                 check_array(given[arg.name], arg.name, arg.shape, arg.dtype)
                 tensors.append(frame.share(given[arg.name]))
