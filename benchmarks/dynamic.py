@@ -7,7 +7,7 @@ sequence length is drawn from [--min-steps, --max-steps] and whose batch size cy
 should load everything. Prints a line a step (T, B, ms, functions compiled and loaded so far) and a
 summary per process.
 
-    python benchmarks/dynamic.py [--device cpu|cuda] [--cell LSTM] [--layers 2] [--bidirectional]
+    python benchmarks/dynamic.py [--device cpu|cuda] [--cell LSTM] [--dtype float32] [--layers 2] [--bidirectional]
                                  [--batches 20] [--batch-sizes 8,16] [--input 64] [--hidden 128]
 """
 
@@ -32,14 +32,14 @@ def loop(args) -> dict:
 
     torch.manual_seed(args.seed)
     model = getattr(halstm.nn, args.cell)(args.input, args.hidden, num_layers=args.layers,
-                                          bidirectional=args.bidirectional).to(args.device)
+                                          bidirectional=args.bidirectional).to(args.device, getattr(torch, args.dtype))
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     lengths = torch.randint(args.min_steps, args.max_steps + 1, (args.batches,)).tolist()
     imported = time.perf_counter() - started
     steps = []
     for i, T in enumerate(lengths):
         B = sizes[i % len(sizes)]
-        x = torch.randn(T, B, args.input, device=args.device)
+        x = torch.randn(T, B, args.input, device=args.device, dtype=getattr(torch, args.dtype))
         start = time.perf_counter()
         y, _ = model(x)
         y.backward(torch.randn_like(y))
@@ -61,6 +61,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--cell", default="LSTM", choices=("LSTM", "GRU"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--bidirectional", action="store_true")
     parser.add_argument("--batches", type=int, default=20)

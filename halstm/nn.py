@@ -18,7 +18,8 @@ Modules train: ``_Sequence.backward``, or the op's backward (``halstm::sequence_
 registered with ``torch.library.register_autograd``), runs the backward through time that
 ``halstm.gradients`` compiles from the same cell, giving torch the gradients with respect to the
 input, every parameter and the initial states of each layer direction. The backward too serves every
-sequence length on the CPU; on a GPU it is compiled per sequence length.
+sequence length on the CPU and in float16/bfloat16 on a GPU; in float32 on a GPU it is compiled per
+sequence length (``_any_steps``).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from .lowering import cell_hash
 _CELLS: dict[str, object] = {}  # key -> a cell with that definition
 _TF32_SUFFIX = "-tf32"  # a key's float32 GEMMs may run as TF32 (``allow_tf32``)
 _COMPILED: dict[tuple, object] = {}  # (compiler, key, T or None, B, dtype, device) -> compiled function
-# the compilers whose functions serve every sequence length, by device type
+# the compilers whose functions serve every sequence length, by device type (``_any_steps``)
 _ANY_STEPS = {"cpu": {compile_cell, compile_backward}, "cuda": {compile_cell}}
+_TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
 # Device types where a batch with lengths runs each sequence to its own length (``_by_length_run``):
 # where a step's time grows with its rows. A GPU's step is bound by its latency, not its rows, and
 # runs every sequence all T steps: H100, LSTM fp16 (512,64,512) forward, lengths uniform in [1, T],
@@ -49,12 +51,23 @@ _ANY_STEPS = {"cpu": {compile_cell, compile_backward}, "cuda": {compile_cell}}
 _BY_LENGTH = {"cpu"}
 
 
+def _any_steps(x: torch.Tensor) -> set:
+    """The compilers whose functions serve every sequence length at x's device and dtype: ``_ANY_STEPS``,
+    and on a GPU in float16/bfloat16 the backward too, whose weight gradients' GEMMs over T*B rows then
+    run on tensor cores (H200, LSTM and GRU fp16 (100,16,512) and (100,64,1024): 1.12-1.27x the time of
+    a backward compiled for T=100); in float32 on FFMA cores (TF32: 1.37-1.82x), so compiled per length."""
+    serving = _ANY_STEPS[x.device.type]
+    if x.device.type == "cuda" and x.dtype in _TENSOR_CORE_DTYPES:
+        return serving | {compile_backward}
+    return serving
+
+
 def _compiled(compiler, key: str, x: torch.Tensor):
     """``compiler`` (halstm.compile or compile_backward) for the cell ``key`` at x's batch, dtype and
     device (and its sequence length, for a compiler whose functions serve one), compiled on first use
     (once: a thread that finds it being compiled waits for it)."""
     T, B, _ = x.shape
-    steps = None if compiler in _ANY_STEPS[x.device.type] else T
+    steps = None if compiler in _any_steps(x) else T
     cache = (compiler.__name__, key, steps, B, x.dtype, x.device)
     f = _COMPILED.get(cache)
     if f is None:
@@ -337,7 +350,7 @@ def _by_length(x, states, params) -> bool:
     compile another otherwise)."""
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
     needs = {compile_cell, compile_backward} if training else {compile_cell}
-    return needs <= _ANY_STEPS[x.device.type]
+    return needs <= _any_steps(x)
 
 
 def bucket(rows: int, batch: int) -> int:

@@ -188,20 +188,21 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     ``use_tensor_cores`` allows: wgmma's where it applies (``_wgmma_tile``, ``gemm_wgmma``), else
     WMMA's where the tile can fetch its operand; else the FFMA tile."""
     rows = rows_and_gemms(program, step)[0]
-    # symbolic extents (the backward's functions for any T): tensorize matches fixed extents only, so a
-    # symbolic K (the weight gradients' T*B rows) goes to FFMA, and symbolic rows to tensor cores only
-    # where the tile's rows divide them (``_divides_rows``)
-    m, _, k = (sch.get(loop).extent for loop in sch.get_loops(block)[-3:])
-    if isinstance(k, IntImm) and use_tensor_cores(knobs, program, target, rows if step else None):
-        cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-2:])
-        wgmma = _wgmma_tile(knobs, program, target, rows, cols, depth, step, tf32_gemms(program, step))
+    # symbolic extents (the backward's functions for any T): rows go to tensor cores where the tile's rows
+    # divide them for every T (``_divides_rows``); a symbolic K (the weight gradients' over T*B rows,
+    # padded) to WMMA where its K tile divides it (wgmma's kernel is registered for one K), else to FFMA
+    m, n, k = (sch.get(loop).extent for loop in sch.get_loops(block)[-3:])
+    if use_tensor_cores(knobs, program, target, rows if step else None):
+        cols = int(n)
+        wgmma = (_wgmma_tile(knobs, program, target, rows, cols, int(k), step, tf32_gemms(program, step))
+                 if isinstance(k, IntImm) else None)
         if wgmma is not None and _divides_rows(m, wgmma.bm) and gemm_wgmma(sch, block, wgmma, program.dtype):
             return
         if step:
             tile = step_tensor_core_tile(knobs, rows, cols, target)
         else:
             tile = hoisted_tensor_core_tile(knobs).for_rows(rows)
-        if (_divides_rows(m, tile.bm) and fetches_its_operand(sch, block, tile, program.dtype)
+        if (_divides_rows(m, tile.bm) and _divides_rows(k, tile.bk) and fetches_its_operand(sch, block, tile, program.dtype)
                 and _schedules(gemm_tensorcore, sch, block, tile, program.dtype)):
             gemm_tensorcore(sch, block, tile, program.dtype)
             return
@@ -210,7 +211,7 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
 
 
 def _divides_rows(rows, bm: int) -> bool:
-    """Whether a tile of ``bm`` rows serves a GEMM of ``rows`` rows: any number of them, or where they are
+    """Whether a tile of ``bm`` rows serves a GEMM of ``rows`` rows (or K): any number of them, or where they are
     symbolic (n_steps * B, any T), a multiple of ``bm`` for every T (a predicated tile fails in TVM 0.27)."""
     return isinstance(rows, IntImm) or divides(rows, bm)
 

@@ -32,6 +32,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from tvm.s_tir import Schedule
+from tvm.tirx import IntImm
 
 from .recipe import divides, is_pure_copy
 from .wmma import FRAG, TILE_SCOPE, frag_k, fragment_dtype, intrinsics
@@ -174,9 +175,11 @@ def gemm_tensorcore(sch: Schedule, block, tile: TensorCoreTile, dtype: str, epil
     the C tile, and the result never goes to global memory (cuda_epilogue.py, ``fuse_epilogue``)."""
     store_operand_in(sch, block, dtype)
     rows, cols, depth = (sch.get(loop).extent for loop in sch.get_loops(block)[-3:])
-    cols, depth = int(cols), int(depth)  # rows may be symbolic, padded to whole tiles (lowering.hoisted_rows)
-    whole = {0: divides(rows, tile.bm) and depth % tile.bk == 0, 1: depth % tile.bk == 0 and cols % tile.bn == 0}
-    if not epilogue:
+    # rows may be symbolic, padded to whole tiles (lowering.hoisted_rows), and K (the backward's weight
+    # gradients over them): the caller checks that the tile divides both for every T
+    cols = int(cols)
+    whole = {0: divides(rows, tile.bm) and divides(depth, tile.bk), 1: divides(depth, tile.bk) and cols % tile.bn == 0}
+    if not epilogue and isinstance(depth, IntImm):
         sch.pad_einsum(block, [tile.bm, tile.bn, tile.bk])
 
     b, n, k = sch.get_loops(block)[-3:]
@@ -294,7 +297,7 @@ def fetches_its_operand(sch: Schedule, block, tile: TensorCoreTile, dtype: str) 
         return False  # an fp32 input: tensor cores take the storage dtype only
     if any(len(sch.get_consumers(p)) > 1 for p in producers):
         return False  # retyped to the storage dtype, it would change what its other readers see
-    return (divides(rows, tile.bm) and int(depth) % tile.bk == 0) or all(is_pure_copy(sch, p) for p in producers)
+    return (divides(rows, tile.bm) and divides(depth, tile.bk)) or all(is_pure_copy(sch, p) for p in producers)
 
 
 def _inline_copies(sch: Schedule, block) -> None:

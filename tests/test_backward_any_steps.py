@@ -150,14 +150,14 @@ def test_cuda_schedules_of_the_any_length_functions_build(cell_type, dtype, allo
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [*DTYPES, "bfloat16"])
 @pytest.mark.parametrize("cell_type", [halstm.LSTM, halstm.GRU, halstm.ResetBeforeGRU, halstm.LayerNormLSTM],
                          ids=lambda c: c.__name__)
 def test_one_cuda_backward_serves_every_length(cell_type, dtype, rng):
     """On the GPU, torch tensors: one backward for any T against float64 at T = 1, 7, 30."""
     import torch
 
-    storage, allow_tf32 = DTYPES[dtype]
+    storage, allow_tf32 = DTYPES.get(dtype, (dtype, False))
     tolerance = TF32_TOLERANCE if allow_tf32 else TOLERANCE[storage]
     cell, batch = cell_type(48, 64), 16
     options = dict(target="cuda", allow_tf32=allow_tf32, database=False)

@@ -232,6 +232,27 @@ def test_forward_compiles_once_for_every_sequence_length(monkeypatch):
     assert len(forwards) == len({k[1] for k in forwards}) and all(k[2] is None for k in forwards)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_on_a_gpu_the_backward_serves_every_length_in_half_precision(dtype, monkeypatch):
+    """Training steps over several lengths on a GPU: the backward compiled once for any T in fp16 and
+    bf16, per length in float32 (``halstm.nn._any_steps``); gradients against torch's in float64."""
+    monkeypatch.setattr(halstm.nn, "_COMPILED", {})
+    ours, theirs = twins(halstm.nn.LSTM, torch.nn.LSTM, input_size=24, hidden_size=32, num_layers=2)
+    ours, theirs = ours.to("cuda", getattr(torch, dtype)), theirs.double()
+    for T in (3, 8, 3):
+        x = torch.randn(T, 4, 24, generator=torch.Generator().manual_seed(T))
+        for module, inputs in ((ours, x.to("cuda", getattr(torch, dtype))), (theirs, x.double())):
+            module.zero_grad()
+            backward(*module(inputs))
+        for p, q in zip(ours.parameters(), theirs.parameters()):
+            assert rel_err(p.grad.double().cpu().numpy(), q.grad.numpy()) < (1e-5 if dtype == "float32" else 1e-2), T
+    lengths = {k[2] for k in halstm.nn._COMPILED if k[0] == "compile_backward"}
+    assert lengths == ({3, 8} if dtype == "float32" else {None})
+    assert {k[2] for k in halstm.nn._COMPILED if k[0] == "compile"} == {None}
+
+
 def test_training_compiles_once_for_every_sequence_length(monkeypatch):
     """Training steps over several lengths on the CPU: each layer's forward and backward compiled
     once, for any T; the gradients still torch's."""
