@@ -48,33 +48,54 @@ def compile_backward(cell: Cell, steps: int | None, batch: int, dtype: str = "fl
     check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)
     steps = None if steps is None else int(steps)
-    recipe, knobs, program, scheduled = lower_backward_for(cell, steps, int(batch), dtype, target, knobs,
-                                                           allow_tf32)
+    recipe, knobs, program, exact = _backward_programs(cell, steps, int(batch), dtype, target, knobs, allow_tf32)
     adjoint = compile_cell(program.adjoint, None if steps is None else steps + 1, int(batch), dtype, target,
                            recipe=loop_recipe, database=database, allow_tf32=allow_tf32)
     from . import cache
 
-    def build():
-        made = {name: scheduled.get(name) or recipe.apply(p, target, **knobs) for name, p in program.functions.items()}
+    def build(program: BackwardProgram) -> CompiledBackward:
+        made = {name: recipe.apply(p, target, **knobs) for name, p in program.functions.items()}
         functions = {name: s.mod["main"].with_attr("global_symbol", name) for name, s in made.items()}
         mod, scratch = lift_module(tvm.IRModule(functions), target)
         module = target.build(mod, **getattr(recipe, "build_options", {}))
         return CompiledBackward(program, target, recipe, knobs, made, module, adjoint, scratch)
 
-    return cache.backward(program, target, recipe, knobs, adjoint, build)
+    try:  # a cached entry is loaded without scheduling anything
+        return cache.backward(program, target, recipe, knobs, adjoint, functools.partial(build, program))
+    except ScheduleError:
+        if exact is None:
+            raise
+        program = exact()
+        return cache.backward(program, target, recipe, knobs, adjoint, functools.partial(build, program))
 
 
 def lower_backward_for(cell: Cell, steps: int | None, batch: int, dtype: str, target,
                        knobs: dict | None = None, allow_tf32: bool = False):
-    """(recipe, knobs, BackwardProgram, schedules made on the way by name) for ``compile_backward``:
+    """(recipe, knobs, BackwardProgram, schedules made on the way by name), as ``compile_backward``
+    builds them (``_backward_programs``): the program on tensor cores where TVM schedules its
+    functions so (scheduled here to find out), else the exact one."""
+    recipe, knobs, program, exact = _backward_programs(cell, steps, batch, dtype, target, knobs, allow_tf32)
+    if exact is None:
+        return recipe, knobs, program, {}
+    try:
+        return recipe, knobs, program, {name: recipe.apply(p, target, **knobs) for name, p in program.functions.items()}
+    except ScheduleError:
+        return recipe, knobs, exact(), {}
+
+
+def _backward_programs(cell: Cell, steps: int | None, batch: int, dtype: str, target, knobs: dict | None,
+                       allow_tf32: bool):
+    """(recipe, knobs, BackwardProgram, the exact program's lowering or None) for ``compile_backward``:
     the target's step-loop recipe and its knobs, the backward lowered in its layout, its reversed
     loop's operand GEMMs one a gate where the persistent kernel runs it in fp16/bf16 (each polling a
     gate's adjoint as stored), one gathered GEMM otherwise (H100, T=100, reversed loop ms, gathered / one a gate: LSTM fp16
     (100,16,512) 0.766 / 0.670, (100,64,1024) 2.374 (step loop) / 1.599; GRU fp16 0.641 / 0.525,
     1.887 / 1.020; LSTM fp32 (100,16,512) 0.679 / 0.857); the weight gradients' fp16/bf16 GEMMs on
-    tensor cores where TVM schedules the functions so (scheduled here to find out), else on float32
-    operands; with ``allow_tf32`` their float32 GEMMs on TF32 tensor cores where TVM schedules them
-    so, else exact."""
+    tensor cores (with ``allow_tf32`` their float32 GEMMs on TF32 tensor cores). Where TVM fails
+    to schedule those (WMMA's schedule of a GEMM padded to its tiles can leave the next one without
+    a stage pipeline: sizes that are not whole tiles, as LSTM T=5, B=16, H=32), the last item lowers
+    the backward with them on float32 operands, exact; it is None where nothing runs on tensor
+    cores (exact float32 and the CPU, whose step-loop schedules always apply)."""
     recipe = next(r for r in schedules.BUILTIN if r.name == f"{target.kind}-step-loop")
     plan = make_plan(cell)
     forward = lower(cell, steps, batch, dtype, plan, allow_tf32=allow_tf32)
@@ -83,14 +104,11 @@ def lower_backward_for(cell: Cell, steps: int | None, batch: int, dtype: str, ta
     on_tensor_cores = target.kind == "cuda" and (dtype != "float32" or allow_tf32)
     gathered = reversed_loop(cell, steps, batch, dtype, target, plan, allow_tf32).gathered
     program = lower_backward(cell, steps, batch, dtype, plan, layout, gathered, allow_tf32=allow_tf32)
-    if not on_tensor_cores:  # the step-loop schedules of exact float32 and of the CPU always apply
-        return recipe, knobs, program, {}
-    try:
-        return recipe, knobs, program, {name: recipe.apply(p, target, **knobs) for name, p in program.functions.items()}
-    except ScheduleError:  # WMMA's schedule of a GEMM padded to its tiles left the next one without a
-        # stage pipeline (sizes that are not whole tiles, as LSTM T=5, B=16, H=32)
-        exact = dict(allow_tf32=False) if dtype == "float32" else dict(exact_weights=True)
-        return recipe, knobs, lower_backward(cell, steps, batch, dtype, plan, layout, gathered, **exact), {}
+    if not on_tensor_cores:
+        return recipe, knobs, program, None
+    exact_options = dict(allow_tf32=False) if dtype == "float32" else dict(exact_weights=True)
+    return recipe, knobs, program, lambda: lower_backward(cell, steps, batch, dtype, plan, layout, gathered,
+                                                          **exact_options)
 
 
 def reversed_loop(cell: Cell, steps: int | None, batch: int, dtype: str, target, plan=None,

@@ -31,6 +31,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, replace
 
+import tvm
+import tvm_ffi
 from tvm.s_tir import Schedule
 from tvm.tirx import IntImm
 
@@ -56,17 +58,24 @@ def tensor_cores_available(dtype: str, target, tf32: bool = False) -> bool:
 
 
 PROBED = "HALSTM_TENSORIZE_WORKS"  # "1" or "0": the probe's answer, handed to the tuner's worker processes
+# tensorize_works by (TVM, apache-tvm-ffi) version, where they were tried
+TENSORIZE_WORKS_WITH = {("0.27.0.post1", "0.1.14.post0"): True, ("0.27.0.post1", "0.1.15.post2"): False}
 
 
 @functools.cache
 def tensorize_works() -> bool:
     """Whether ``Schedule.tensorize`` can run here. It copies the intrinsic through JSON, and with
     apache-tvm-ffi 0.1.15.post2 serialising any dtype segfaults (0.1.14.post0 works with TVM 0.27):
-    probed once in a subprocess, since a segfault would take the compiler's process down; a process
-    whose environment has the answer in ``PROBED`` (a tuner's worker: its parent probed) takes it."""
+    known for the versions in TENSORIZE_WORKS_WITH, else probed once in a subprocess, since a
+    segfault would take the compiler's process down (the subprocess imports TVM: 5.4 s on the 2-core
+    CPU machine, 7.3 s on an H200 host, each process that compiles for CUDA); a process whose
+    environment has the answer in ``PROBED`` (a tuner's worker: its parent found it) takes it."""
     given = os.environ.get(PROBED)
     if given in ("0", "1"):
         return given == "1"
+    known = TENSORIZE_WORKS_WITH.get((tvm.__version__, tvm_ffi.__version__))
+    if known is not None:
+        return known
     probe = "import tvm; tvm.ir.save_json(tvm.ir.PrimType('int32'))"
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 

@@ -109,6 +109,22 @@ def test_a_cached_any_length_backward_loads_and_runs(tmp_path, monkeypatch, rng)
         check(loaded(x, params, seqs, grads), reference_backward(cell, x, params, states, grads), T)
 
 
+def test_a_cached_cuda_backward_is_loaded_without_scheduling_its_functions(monkeypatch):
+    """On tensor cores the backward's functions are scheduled only to build them: where the cache
+    has the entry, nothing schedules them (before, they were scheduled first to find out whether TVM
+    could)."""
+    from halstm import cache
+    from halstm.schedules import BUILTIN
+
+    target, looked_up, scheduled = CudaTarget("sm_90", sms=132), [], []
+    step_loop = next(r for r in BUILTIN if r.name == "cuda-step-loop")
+    apply = type(step_loop).apply
+    monkeypatch.setattr(type(step_loop), "apply", lambda self, p, *a, **k: (scheduled.append(p), apply(self, p, *a, **k))[1])
+    monkeypatch.setattr(cache, "backward", lambda program, *args: looked_up.append(program) or "loaded")
+    assert compile_backward(halstm.LSTM(16, 32), 5, 16, "float16", target, database=False) == "loaded"
+    assert not set(map(id, looked_up[0].functions.values())) & set(map(id, scheduled))
+
+
 def test_lengths_out_of_range_and_mismatched_sequences_are_refused(monkeypatch, rng):
     cell = halstm.LSTM(4, 4)
     backward = compile_backward(cell, None, 1, database=False)

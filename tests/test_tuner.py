@@ -326,6 +326,34 @@ def test_a_worker_takes_the_tensorize_probe_from_its_parent(monkeypatch):
         cuda_tensorcore.tensorize_works.cache_clear()
 
 
+def test_tensorize_is_probed_only_for_versions_not_tried(monkeypatch):
+    """For the TVM and apache-tvm-ffi versions of TENSORIZE_WORKS_WITH the answer is known, no
+    subprocess started; for others the probe runs (here: as if it crashed)."""
+    import subprocess
+
+    from halstm.schedules import cuda_tensorcore
+
+    monkeypatch.delenv(cuda_tensorcore.PROBED, raising=False)
+    probes = []
+
+    def probe(*args, **kwargs):
+        probes.append(args)
+        return subprocess.CompletedProcess(args, -11)
+
+    monkeypatch.setattr(cuda_tensorcore.subprocess, "run", probe)
+    try:
+        for (tvm_version, ffi_version), works in cuda_tensorcore.TENSORIZE_WORKS_WITH.items():
+            monkeypatch.setattr(cuda_tensorcore.tvm, "__version__", tvm_version)
+            monkeypatch.setattr(cuda_tensorcore.tvm_ffi, "__version__", ffi_version)
+            cuda_tensorcore.tensorize_works.cache_clear()
+            assert cuda_tensorcore.tensorize_works() is works and not probes
+        monkeypatch.setattr(cuda_tensorcore.tvm_ffi, "__version__", "0.9.9")
+        cuda_tensorcore.tensorize_works.cache_clear()
+        assert cuda_tensorcore.tensorize_works() is False and len(probes) == 1
+    finally:
+        cuda_tensorcore.tensorize_works.cache_clear()
+
+
 def test_a_round_spread_over_two_measuring_workers_measures_each_job_once(tmp_path):
     """The dispatch that spreads a round over one measuring worker a GPU, with two CPU workers."""
     import numpy as np
