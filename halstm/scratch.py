@@ -28,34 +28,47 @@ _OPS = {tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*", tirx.FloorDiv: "//", tirx.F
 
 def lift(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, tuple[Arg, ...]]:
     """``func`` with every global-scope buffer it allocates (an ``AllocBuffer`` statement or a
-    block's ``alloc_buffers``) as a trailing parameter, and those parameters' ``Arg``s in order."""
+    block's ``alloc_buffers``) as a trailing parameter, and those parameters' ``Arg``s in order.
+    For a scheduled function about to be built: blocks keep their read and write regions as they
+    were (a buffer a block allocates is not among them). A global buffer allocated inside a
+    parallel or thread-bound loop, one a task, is refused: one parameter would be shared by all."""
     lifted: list = []
+    concurrent = [0]  # parallel and thread-bound loops around the node being visited
 
-    def global_scope(buffer) -> bool:
-        return buffer.scope() == "global"
+    def take(buffer) -> bool:
+        if buffer.scope() != "global":
+            return False
+        if concurrent[0]:
+            raise ValueError(f"buffer '{buffer.name}': a global buffer allocated inside a parallel or "
+                             f"thread-bound loop cannot be passed in (its tasks would share it)")
+        lifted.append(buffer)
+        return True
+
+    def loop(node, mutator):
+        inside = node.kind in (tirx.ForKind.PARALLEL, tirx.ForKind.THREAD_BINDING)
+        concurrent[0] += inside
+        try:
+            return mutator.default_mutate(node)
+        finally:
+            concurrent[0] -= inside
 
     def alloc_statement(node, mutator):
-        if global_scope(node.buffer):
-            lifted.append(node.buffer)
-            return tirx.Evaluate(0)
-        return node
+        return tirx.Evaluate(0) if take(node.buffer) else node
 
     def block(node, mutator):
         node = mutator.default_mutate(node)
-        kept = [b for b in node.alloc_buffers if not global_scope(b)]
+        kept = [b for b in node.alloc_buffers if not take(b)]
         if len(kept) == len(node.alloc_buffers):
             return node
-        lifted.extend(b for b in node.alloc_buffers if global_scope(b))
         return s_tir.SBlock(node.iter_vars, node.reads, node.writes, node.name_hint, node.body, node.init, kept,
                             node.match_buffers, node.annotations, node.span)
 
     def sequence(node, mutator):
-        stmts = [mutator.mutate(s) for s in node]
-        stmts = [s for s in stmts if not _is_no_op(s)]
-        return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
+        stmts = [s for s in (mutator.mutate(s) for s in node) if not _is_no_op(s)]
+        return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts) if stmts else tirx.Evaluate(0)
 
-    body = tvm_ffi.structural_mutate(
-        func.body, ((tirx.AllocBuffer, alloc_statement), (s_tir.SBlock, block), (tirx.SeqStmt, sequence)))
+    body = tvm_ffi.structural_mutate(func.body, ((tirx.For, loop), (tirx.AllocBuffer, alloc_statement),
+                                                 (s_tir.SBlock, block), (tirx.SeqStmt, sequence)))
     if not lifted:
         return func, ()
     steps = next((p for p in func.params if p.name == STEPS), None)

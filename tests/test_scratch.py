@@ -93,6 +93,20 @@ def test_a_dimension_not_of_the_sequence_length_is_refused():
         lift(sized_by_m)
 
 
+def test_a_global_buffer_of_each_parallel_task_is_refused():
+    @T.prim_func(s_tir=True)
+    def per_task(y: T.Buffer((4, 8), "float32")):
+        for i in T.parallel(4):
+            with T.sblock("task"):
+                rows = T.sblock_alloc_buffer((8,))
+                for j in range(8):
+                    rows[j] = T.float32(1)
+                    y[i, j] = rows[j]
+
+    with pytest.raises(ValueError, match="buffer 'rows'.*parallel or thread-bound loop"):
+        lift(per_task)
+
+
 def test_dimensions_round_trip_through_json_and_evaluate_as_python():
     arg = Arg("b", (("*", ("//", ("+", ("*", "T", 3), 127), 128), 128), ("max", ("%", "T", 5), ("-", 9, "T")), 7),
               "float32", "scratch")
