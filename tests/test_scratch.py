@@ -19,7 +19,7 @@ import halstm
 from halstm import deploy
 from halstm.gradients import compile_backward, reference_backward
 from halstm.runtime import Arg, dimension
-from halstm.scratch import lift, lift_module
+from halstm.scratch import lift
 from halstm.targets import CpuTarget, CudaTarget
 
 B, I, H = 3, 12, 20
