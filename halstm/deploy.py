@@ -62,7 +62,7 @@ _SCHEMA = {
     "format": int, "size": int, "sha256": str, "cell": str, "cell_hash": str, "halstm": str, "tvm": str,
     "signature": {"cell": str, "states": [str], "output": str, "input_size": int, "hidden_size": int,
                   "steps": (int, type(None)), "batch": int, "dtype": str, "longest": (int, type(None)),
-                  "args": [{"name": str, "shape": [(int, list)], "dtype": str, "role": str,
+                  "args": [{"name": str, "shape": [(int, list, str)], "dtype": str, "role": str,
                             "extra_steps": (int, type(None))}]},
     "target": dict, "recipe": str, "knobs": dict, "allow_tf32": bool,
 }

@@ -313,8 +313,10 @@ def test_swapped_state_names_are_refused(lstm_export, module):
     (lambda m: m.pop("sha256"),
      r"the sidecar: expected the fields \[.*\], found \['sha256'\] missing and \[\] unknown"),
     (lambda m: m.update(size=str(m["size"])), r"size: expected int, found '\d+'"),
-    (lambda m: m["signature"]["args"][0].update(shape=[6, "8"]),
-     r"signature.args\[0\].shape\[1\]: expected int or list, found '8'"),
+    (lambda m: m["signature"]["args"][0].update(shape=[6, 8.5]),
+     r"signature.args\[0\].shape\[1\]: expected int or list or str, found 8.5"),
+    (lambda m: m["signature"]["args"][0].update(shape=[6, "8"]), r"signature.args x: shape: expected an int, found '8'"),
+    (lambda m: m["signature"]["args"][0].update(shape=[6, "T"]), r"signature.args x: shape: expected an int, found 'T'"),
     (lambda m: m["target"].pop("features"), r"target: expected the fields .* found \['features'\] missing"),
 ])
 def test_a_sidecar_without_its_fields_is_refused(module, change, message):

@@ -199,6 +199,11 @@ def test_exports_and_cache_entries_carry_the_scratch(lifting_cpu, tmp_path, monk
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(deploy.ModuleRefused, match=r"shape: expected an int or an expression of T"):
         halstm.load(path)
+    scratch["shape"][0] = "T"  # an expression of T, but not the buffer's: the module refuses the call
+    meta_path.write_text(json.dumps(meta))
+    tampered = halstm.load(path)
+    with pytest.raises(ValueError, match=rf"Invalid {scratch['name']}.shape\[0\]"):
+        tampered(x, params, states)
 
     monkeypatch.setenv("HALSTM_CACHE", "1")
     monkeypatch.setenv("HALSTM_CACHE_DIR", str(tmp_path / "cache"))
