@@ -224,12 +224,11 @@ def _check_signature(where: Path, signature: Signature) -> None:
                             f"found {signature.output!r}")
     expected = {"x": ["x"], "state": [s + "0" for s in signature.states],
                 "param": [a.name for a in signature.args if a.role == "param"],
-                "output": [s + "_seq" for s in signature.states],
-                "scratch": [a.name for a in signature.args if a.role == "scratch"]}
+                "output": [s + "_seq" for s in signature.states]}
     if signature.steps is None:
         expected["steps"] = [STEPS]
-    found = {role: [a.name for a in signature.args if a.role == role]
-             for role in expected.keys() | {a.role for a in signature.args}}
+    found = {role: [a.name for a in signature.args if a.role == role]  # the scratch buffers: any names, last
+             for role in expected.keys() | {a.role for a in signature.args} - {"scratch"}}
     if found != expected:
         raise ModuleRefused(f"{where}: signature.args by role: expected {expected}, found {found}")
     any_steps = signature.steps is None
@@ -237,7 +236,7 @@ def _check_signature(where: Path, signature: Signature) -> None:
         raise ModuleRefused(f"{where}: signature.longest: expected a positive int where steps is null (any T), "
                             f"null otherwise; found steps {signature.steps!r}, longest {signature.longest!r}")
     sequences = {"x": 0, **{s + "_seq": 1 for s in signature.states}} if any_steps else {}
-    scratch_from = len(signature.args) - len(expected["scratch"])
+    scratch_from = len(signature.args) - sum(a.role == "scratch" for a in signature.args)
     for i, a in enumerate(signature.args):
         if (a.role == "scratch") != (i >= scratch_from):
             raise ModuleRefused(f"{where}: signature.args {a.name}: the scratch buffers come last")

@@ -317,6 +317,9 @@ def test_swapped_state_names_are_refused(lstm_export, module):
      r"signature.args\[0\].shape\[1\]: expected int or list or str, found 8.5"),
     (lambda m: m["signature"]["args"][0].update(shape=[6, "8"]), r"signature.args x: shape: expected an int, found '8'"),
     (lambda m: m["signature"]["args"][0].update(shape=[6, "T"]), r"signature.args x: shape: expected an int, found 'T'"),
+    (lambda m: m["signature"]["args"].insert(0, {"name": "s", "shape": [4], "dtype": "float32", "role": "scratch",
+                                                 "extra_steps": None}),
+     r"signature.args s: the scratch buffers come last"),
     (lambda m: m["target"].pop("features"), r"target: expected the fields .* found \['features'\] missing"),
 ])
 def test_a_sidecar_without_its_fields_is_refused(module, change, message):

@@ -31,7 +31,7 @@ from ..lowering import (ACCUMULATE, PackedLayout, Skeleton, _body, _columns, _ge
                         _storage, _view, indent)
 from ..ops import CONCAT_TAG, argmax, concat, tracing
 from ..plan import Gemm, Matmul, Plan
-from ..runtime import Arg, check_array, check_names, as_frame, new_array
+from ..runtime import Arg, Pack, check_array, check_names, as_frame, new_array
 from ..scratch import lift_module
 
 FLOAT = "float32"
@@ -239,6 +239,7 @@ class GreedyDecoder:
     def __init__(self, program: DecodeProgram, target, recipe, knobs, schedule, module, scratch: dict):
         self.program, self.target, self.recipe, self.knobs = program, target, recipe, knobs
         self.schedule, self.module, self.scratch = schedule, module, scratch  # scratch: ``halstm.scratch``
+        self._packs = {name: Pack(args) for name, args in scratch.items()}  # allocated together, a call each
         self._device = target.device()
 
     def pack(self, params: dict) -> dict:
@@ -251,7 +252,7 @@ class GreedyDecoder:
             check_array(params[arg.name], f"params['{arg.name}']", arg.shape, arg.dtype)
             weights[arg.name] = frame.share(params[arg.name])
         weights |= {a.name: new_array(a, self._device, zeros=False) for a in p.pack_args if a.role == "packed"}
-        scratch = [frame.new(a, zeros=False) for a in self.scratch.get("pack", ())]
+        scratch = frame.new_all(self._packs["pack"]) if "pack" in self._packs else []
         self.module["pack"](*(weights[a.name] for a in p.pack_args), *scratch)
         return {a.name: weights[a.name] for a in p.args if a.role in ("param", "packed")}
 
@@ -269,7 +270,7 @@ class GreedyDecoder:
                 tensors.append(outputs.setdefault(arg.name, frame.new(arg, zeros=False)))
             else:
                 tensors.append(weights[arg.name])
-        tensors += [frame.new(a, zeros=False) for a in self.scratch.get("main", ())]
+        tensors += frame.new_all(self._packs["main"]) if "main" in self._packs else []
         self.module["main"](*tensors)
         tokens, hidden, logits = (frame.result(outputs[n]) for n in ("tokens", "h_seq", "logits"))
         return tokens.reshape(N + 1, B)[1:], hidden.reshape(N + 1, B, H), logits.reshape(N, B, V)
