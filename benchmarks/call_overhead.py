@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import functools
+import json
 import pstats
 
 import torch
@@ -43,6 +44,8 @@ def main():
     ap.add_argument("dtype", nargs="?", default="float32")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--recipe", default=None, help="a recipe by name instead of halstm's choice")
+    ap.add_argument("--knobs", type=json.loads, default=None, help="JSON object of knob overrides")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--backward", action="store_true", help="the compiled backward instead")
     mode.add_argument("--training", action="store_true", help="a training step of halstm.nn instead")
@@ -50,7 +53,7 @@ def main():
     T, B, H = map(int, a.shape.split(","))
     cell = BUILTIN[a.cell](H, H)
     target = CudaTarget.detect() if a.device == "cuda" else "cpu"
-    f = halstm.compile(cell, T, B, a.dtype, target=target)
+    f = halstm.compile(cell, T, B, a.dtype, target=target, recipe=a.recipe, knobs=a.knobs)
     dt = getattr(torch, a.dtype)
     x = torch.randn(T, B, H, dtype=dt, device=a.device)
     params = {n: (torch.rand(s, device=a.device) * 0.1 - 0.05).to(dt) for n, s in cell.parameters().items()}

@@ -102,6 +102,10 @@ PREFERRED_MAX_BATCH = 64
 # 0.203; H=512 LSTM B=2 0.206 / 0.225, B=4 0.226 / 0.213, B=8 0.288 / 0.253, GRU B=4 0.245 / 0.204,
 # B=8 0.298 / 0.221; PeepholeLSTM B=4 0.228 / 0.237 (the one exception), B=8 0.306 / 0.270.
 TENSOR_CORE_MIN_BATCH = 4
+# Most unit groups the defaults give a step with reductions of its own (a layer norm): a round of
+# partial sums ends in a grid sync, and every block then reads each group's parts of its rows, both
+# dearer with more blocks.
+REDUCING_GRID_GROUPS = 32
 MAX_TILE_REGISTERS = 64  # accumulators + operand registers a thread may hold (spills beyond)
 # Staged bytes a block polls a step above which the defaults put one waiter a producer first (knob
 # poll_waiters; ``PersistentKernel.poll_operand``). H100 fp16 T=100, prepared ms, without / with waiters:
@@ -166,8 +170,10 @@ class CudaPersistent(Recipe):
         within the batch; the largest column tile that divides the block's columns; tensor cores
         where the dtype and arch allow them from TENSOR_CORE_MIN_BATCH rows; the hoisted
         GEMM's fragments as the step loop's. On tensor cores the batch over row blocks too
-        (``_row_blocks``). Waiters before a polled staging above POLL_WAITERS_ABOVE_BYTES, or where
-        no input projection is prefetched first (``poll_operand``), where one GEMM polls."""
+        (``_row_blocks``). Where the step has reductions of its own, a grid of at most
+        REDUCING_GRID_GROUPS unit groups (``_reducing_grid``). Waiters before a polled staging above
+        POLL_WAITERS_ABOVE_BYTES, or where no input projection is prefetched first (``poll_operand``),
+        where one GEMM polls."""
         H, B = program.cell.hidden_size, program.batch
         k = super().defaults(program, target, switches)
         k["tc_hoisted_frags"] = step_loop_defaults(program, target, k["wgmma"])["tc_hoisted_frags"]
@@ -179,6 +185,9 @@ class CudaPersistent(Recipe):
         if k["tensor_cores"]:
             k = _row_blocks(self, program, target, k)
         kernel = PersistentKernel.plan(program, target, k)
+        if kernel and kernel.reductions:
+            k = _reducing_grid(self, program, target, k)
+            kernel = PersistentKernel.plan(program, target, k)
         k["poll_waiters"] = (bool(kernel and kernel.polled) and len(kernel.gemms) == 1
                              and (kernel.polled_bytes > POLL_WAITERS_ABOVE_BYTES or not kernel.hoisted))
         return k
@@ -194,21 +203,19 @@ class CudaPersistent(Recipe):
         fp16 GRU (100,64,2048) 14.4 / 2.8 (the tensor-core tile did not fit beside the weights); TF32
         (not in this recipe) at (100,64,1024) LSTM 5.09 / 3.31, GRU 4.87 / 3.34, PeepholeLSTM 5.21 /
         3.33; with two stages, ResetBeforeGRU there, 4.08 / 5.63 (the step loop launches twice the
-        kernels a step); strict fp32 there (FFMA in both) LSTM 6.27 / 6.65. Nor where the step loop's
-        step GEMM runs on wgmma (Hopper; H100: GRU (100,256,1024) 2.078 ms against this recipe's
+        kernels a step); strict fp32 there (FFMA in both) LSTM 6.27 / 6.65. The same for a step
+        with reductions of its own (a layer norm; ``PersistentKernel.reduce``) on a grid of at most
+        REDUCING_GRID_GROUPS unit groups, staged (H200, fp16 T=100 I=H=512, whole calls, ms, this
+        recipe / the step loop: LayerNormGRU B=16 0.620 / 0.901, B=64 0.816 / 0.991; LayerNormLSTM
+        B=16 0.868 / 1.199, B=64 1.231 / 1.224), not streamed. Nor where the step loop's step GEMM runs on wgmma (Hopper; H100: GRU (100,256,1024) 2.078 ms against this recipe's
         2.294-2.300), exact float32 included, as three TF32 products (LSTM
-        (100,64,1024) 6.243 / 4.911, GRU 5.717 / 4.099; ResetBeforeGRU 5.005 / 7.138). Nor for a
-        step with reductions of its own (a layer norm: ``PersistentKernel.reduce``), whose rounds of
-        partial sums across the grid cost a grid sync each, where the step loop's row kernel reduces
-        a row in one block (H100 fp16 T=100 H=512, whole calls, ms, this recipe with a round a sum /
-        the step loop: LayerNormGRU B=16 1.19 / 1.18, B=64 0.91 / 1.02; LayerNormLSTM B=16 1.14 /
-        1.13, B=64 1.35 / 1.13; the tuner measures both)."""
+        (100,64,1024) 6.243 / 4.911, GRU 5.717 / 4.099; ResetBeforeGRU 5.005 / 7.138)."""
         k, step_loop = self.defaults(program, target), step_loop_defaults(program, target)
         kernel = PersistentKernel.plan(program, target, k)
-        if kernel.reductions:
-            return False
         if kernel.staged:
             return program.batch <= PREFERRED_MAX_BATCH
+        if kernel.reductions:
+            return False
         as_run = CudaStepLoop().lowered(program, target, step_loop)  # its layout: split_tf32's
         if k["tensor_cores"]:  # streamed: first unless the step loop runs a step as one kernel or on wgmma
             return (epilogue_units(step_loop, as_run, target) is None
@@ -342,6 +349,18 @@ def _row_blocks(recipe, program, target, knobs) -> dict:
     H, B = program.cell.hidden_size, program.batch
     settings = [{**knobs, "units": u, "row_blocks": p} for u in range(knobs["units"], H + 1) if H % u == 0
                 for p in recipe.knobs["row_blocks"] if p == 1 or B % (2 * p * FRAG) == 0]
+    return max((k for k in settings if recipe.runs(program, target, k)),
+               key=lambda k: (H // k["units"] * k["row_blocks"], k["units"]), default=knobs)
+
+
+def _reducing_grid(recipe, program, target, knobs) -> dict:
+    """For a step with reductions: at most REDUCING_GRID_GROUPS unit groups (the blocks that exchange
+    a row's partial sums), and among those settings ``_row_blocks``' choice; ``knobs`` where none runs."""
+    H, B = program.cell.hidden_size, program.batch
+    split = knobs["tensor_cores"]  # row blocks take whole pairs of fragments
+    settings = [{**knobs, "units": u, "row_blocks": p, **_register_tile(program, u)}
+                for u in range(1, H + 1) if H % u == 0 and H // u <= REDUCING_GRID_GROUPS
+                for p in recipe.knobs["row_blocks"] if p == 1 or split and B % (2 * p * FRAG) == 0]
     return max((k for k in settings if recipe.runs(program, target, k)),
                key=lambda k: (H // k["units"] * k["row_blocks"], k["units"]), default=knobs)
 

@@ -236,6 +236,19 @@ def test_defaults_split_the_batch_over_row_blocks(batch, hidden, units, row_bloc
     assert [g.frags for g in kernel.gemms] == [frags]
 
 
+@pytest.mark.parametrize("cell, batch, hidden, units, row_blocks", [
+    (halstm.LayerNormGRU, 16, 512, 16, 1), (halstm.LayerNormLSTM, 64, 512, 16, 2),
+    (halstm.LayerNormGRU, 3, 333, 37, 1),  # FFMA: 9 groups of 37 units
+    (halstm.LayerNormGRU, 64, 1024, 16, 2),  # no setting of at most 32 groups runs: the largest grid
+    (halstm.LSTM, 16, 512, 4, 1)])  # no sums: the largest grid
+def test_defaults_give_a_step_with_sums_few_unit_groups(cell, batch, hidden, units, row_blocks):
+    """Each round of a layer norm's partial sums ends in a grid sync, and every block then reads each
+    unit group's parts: at most REDUCING_GRID_GROUPS groups where a setting runs."""
+    recipe, program = CudaPersistent(), _program(cell, batch=batch, hidden=hidden, dtype="float16")
+    k = recipe.defaults(program, H100)
+    assert (k["units"], k["row_blocks"]) == (units, row_blocks) and recipe.runs(program, H100, k)
+
+
 @pytest.mark.parametrize("row_tiles, frags, most, chosen", [
     (2, 3, 4, 3),  # GRU (100,64,1024), 16 units: 1 fragment leaves 2 of 8 warps idle
     (2, 4, 4, 1),  # LSTM there: 8 tiles for 8 warps
@@ -836,6 +849,17 @@ def test_tensor_cores_match_reference_on_gpu(cell, dtype, batch, hidden, knobs, 
 def test_layer_norm_matches_reference_on_gpu(cell, dtype, batch, hidden, knobs, rng):
     """The cells' own reductions across the grid (``PersistentKernel.reduce``), T=24."""
     _check_on_gpu(cell(32, hidden), 24, batch, dtype, rng, knobs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("batch", [16, 64])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("cell", [halstm.LayerNormLSTM, halstm.LayerNormGRU], ids=lambda c: c.__name__)
+def test_layer_norm_cells_match_reference_on_gpu(cell, dtype, batch, rng):
+    """The defaults at H=512: 32 unit groups exchanging the sums' parts (two row blocks at B=64 on
+    tensor cores)."""
+    _check_on_gpu(cell(64, 512), 12, batch, dtype, rng)
 
 
 def _check_on_gpu(c, T, batch, dtype, rng, knobs=None):

@@ -122,6 +122,10 @@ def test_gpu_recipe_preference_follows_the_measured_sizes():
     assert first_tf32(halstm.LSTM, False) == split
     cpu = halstm.lower(halstm.LSTM(1024, 1024), 2, 64, "float16")
     assert [r.name for r in recipes_for(cpu, TARGET)] == ["cpu-step-loop"]
+    # a layer norm in the step: staged up to 64 rows; streamed (B=256) its sums' rounds are not taken first
+    for cell in (halstm.LayerNormGRU, halstm.LayerNormLSTM):
+        assert first(16, 512, "float16", cell) == first(64, 512, "float16", cell) == "cuda-persistent"
+        assert first(256, 1024, "float16", cell) == "cuda-step-loop"
 
 
 def test_compile_parses_the_lowered_function_once(monkeypatch):
