@@ -507,7 +507,7 @@ def _between(plan: BackwardPlan, dtype: str) -> str:
 
 
 def _weights(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout, kept: list[str]) -> Program:
-    cell, forward, H = plan.cell, plan.forward, plan.cell.hidden_size
+    cell, forward = plan.cell, plan.forward
     shapes = cell.parameters()
     args = [*_steps_args(T), _sequence("x", T, B, 0, cell.input_size, dtype, "x"), *_param_args(cell, dtype)]
     between = _between(plan, dtype)

@@ -49,7 +49,7 @@ class Diagonal:
     def __str__(self) -> str:
         if not self.scans:
             return f"  no parallel scan over T: {self.reason}"
-        lines = [f"  the states recur diagonally, a parallel scan over T:"]
+        lines = ["  the states recur diagonally, a parallel scan over T:"]
         if self.first:
             lines.append(f"    first {', '.join(self.first)} from x alone, over all T*B rows")
         lines.append(f"    {', '.join(self.scanned)} = a * itself + b, elementwise, a and b from x")

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import tvm_ffi
-from tvm import ir, sym, tirx
+from tvm import sym, tirx
 from tvm.tirx import IterVar
 from tvm.ir import TensorLoad
 from tvm.s_tir import Schedule
