@@ -22,8 +22,9 @@ What a hit skips, measured with cProfile on the 2-core CPU machine, LSTM I=H=256
 the forward's 1.76 s were 1.15 s of ``recipe.apply`` (0.7 s of it parsing the lowered TVMScript),
 0.28 s of ``target.build`` and 0.09 s of lowering; the backward's 4.64 s, 2.44 s of scheduling
 and 2.05 s of building. Caching ``target.build`` alone would save 16% and 44%, so a hit skips
-scheduling and building both: it lowers (the recipe, knobs and layout are chosen from the
-program, without parsing it) and loads. It returns ``CachedCell`` / ``CachedBackward``: the loaded
+scheduling and building both: it lowers and loads. The recipe, knobs and layout chosen for a
+program are kept beside the modules too (``decided``), since the persistent kernel's recipe chooses
+from the parsed program. It returns ``CachedCell`` / ``CachedBackward``: the loaded
 functions with ``compile``'s ``program``, ``target``, ``recipe``, ``knobs`` and ``record``;
 ``schedule``/``schedules`` and the forward's ``module`` (which ``export`` needs: a loaded module
 cannot be exported again) are built on first access.
@@ -95,12 +96,42 @@ def backward(program, target, recipe, knobs: dict, adjoint, build) -> CompiledBa
     return _cached(key, build, store, load)
 
 
+def decided(program, target, question: dict, decide, usable=lambda answer: True) -> dict:
+    """``decide()``'s answer (a JSON object) to ``question`` (a JSON object) about ``program`` on
+    ``target``, kept in the cache: the recipe, knobs and layout ``halstm.compile`` chooses, which the
+    persistent kernel's recipe decides from an analysis of the parsed program (0.5 s for LSTM
+    (100,16,512) fp16, 1 s for its backward's reversed loop, on the 2-core CPU machine), a cache hit
+    would otherwise pay before loading anything. Keyed by the program, the target, the versions and
+    halstm's code, as modules are; an entry that cannot be read, is not for this key or whose answer
+    is not ``usable`` is decided again and replaced. Not kept where ``decide`` raises."""
+    if not enabled():
+        return decide()
+    key = {"kind": "decision", "question": question, "program": _sha256(program.source), **_problem(program, target),
+           "halstm": deploy._halstm_version(), "tvm": tvm.__version__, "code": _code(None)}
+    path = folder() / (_sha256(json.dumps(key, sort_keys=True, separators=(",", ":"))) + ".decision.json")
+    try:
+        entry = json.loads(path.read_text())
+        if (isinstance(entry, dict) and entry.get("key") == key and isinstance(entry.get("answer"), dict)
+                and usable(entry["answer"])):
+            return entry["answer"]
+    except (OSError, ValueError):
+        pass
+    answer = decide()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entry = json.dumps({"key": key, "answer": answer}, sort_keys=True)
+        deploy._write_atomically(path, lambda tmp: tmp.write_text(entry + "\n"))
+    except OSError as error:
+        _warn_once(f"{path.parent}: compiled modules cannot be cached there ({error.strerror or error}); "
+                   "set HALSTM_CACHE_DIR to a writable folder, or HALSTM_CACHE=0")
+    return json.loads(json.dumps(answer))  # as a later process reads it
+
+
 def _cached(key: dict, build, store, load):
     """The entry for ``key`` loaded, else ``build()`` stored; an entry ``load`` refuses is deleted."""
     if not enabled():
         return build()
-    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
-    path = folder() / (hashlib.sha256(text.encode()).hexdigest() + ".so")
+    path = folder() / (_sha256(json.dumps(key, sort_keys=True, separators=(",", ":"))) + ".so")
     if path.exists():
         try:
             compiled = load(path)
@@ -156,18 +187,29 @@ def _scratch(meta: dict, path: Path) -> dict[str, tuple[Arg, ...]]:
 
 
 def _key(kind: str, programs: list, target, recipe, knobs: dict) -> dict:
-    first = programs[0]
-    cell = first.cell
-    sources = hashlib.sha256("\n".join(p.source for p in programs).encode()).hexdigest()
     return {
-        "kind": kind, "program": sources, "cell": cell.name, "steps": first.steps, "batch": first.batch,
-        "dtype": first.dtype, "input_size": cell.input_size, "hidden_size": cell.hidden_size,
-        "allow_tf32": first.allow_tf32, "target": deploy._target_meta(target), "recipe": recipe.name,
-        "lifts_scratch": bool(getattr(target, "lifts_scratch", False)),
+        "kind": kind, "program": _sha256("\n".join(p.source for p in programs)), **_problem(programs[0], target),
+        "recipe": recipe.name, "lifts_scratch": bool(getattr(target, "lifts_scratch", False)),
         # JSON keeps knob types apart (1, 1.0 and true differ), as check_knobs does
         "knobs": json.loads(json.dumps(knobs, sort_keys=True, default=repr)),
-        "halstm": deploy._halstm_version(), "tvm": tvm.__version__, "code": _code(_file_of(recipe)),
+        "halstm": deploy._halstm_version(), "tvm": tvm.__version__, "code": recipe_code(recipe),
     }
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _problem(program, target) -> dict:
+    """A program's sizes and options, and the target's sidecar fields."""
+    cell = program.cell
+    return {"cell": cell.name, "steps": program.steps, "batch": program.batch, "dtype": program.dtype, "input_size": cell.input_size,
+            "hidden_size": cell.hidden_size, "allow_tf32": program.allow_tf32, "target": deploy._target_meta(target)}
+
+
+def recipe_code(recipe) -> str:
+    """The SHA-256 of halstm's sources and of the file defining ``recipe`` (``_code``)."""
+    return _code(_file_of(recipe))
 
 
 def _file_of(recipe) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 
@@ -11,7 +12,7 @@ from halstm import schedules, targets
 
 from .cell import BUILD_LOCK, Cell, check_cell
 from .database import Database, Record, best, nearest_steps, tuning_key
-from .lowering import Program, lower
+from .lowering import PackedLayout, Program, lower
 from .plan import make_plan
 from .runtime import SequenceFunction, Signature
 from .scratch import lift_module
@@ -58,7 +59,9 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     its GEMMs as three TF32 products each (``schedules.cuda_gemm.split_tf32``, within float32's
     tolerance; ``knobs={"tensor_cores": False}`` keeps them on FFMA cores).
     A malformed or stale record, or a database that cannot be read, is passed over with a warning
-    (``_tuned``). Threads may call it at once: they compile one at a time (``BUILD_LOCK``).
+    (``_best_record``, ``_choose``). The choice is kept in the compiled-module cache
+    (``cache.decided``): a later process skips the analysis it takes. Threads may call it at once:
+    they compile one at a time (``BUILD_LOCK``).
     """
     check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)
@@ -69,25 +72,21 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     if recipe is not None:
         recipe = schedules.named(recipe) if isinstance(recipe, str) else recipe
         schedules.check_name(recipe)
-        if not recipe.is_applicable(program, target):
-            raise ValueError(f"recipe '{recipe.name}' does not apply to {cell!r} on {target.key}")
     elif knobs is None and database is not False:
-        record = _tuned(program, target, database)
-        if record is not None:
-            recipe, knobs = schedules.named(record.recipe), record.knobs
-    if recipe is None:
-        candidates = schedules.recipes_for(program, target)
-        if not candidates:
-            raise ValueError(f"no built-in recipe applies to {cell!r} on {target}")
-        recipe = candidates[0]
-    given, knobs = knobs, recipe.resolve(program, target, knobs)
-    if not recipe.runs(program, target, knobs):
-        raise ValueError(f"recipe '{recipe.name}' cannot run knobs {given} for {cell!r} on {target.key}: a tile or grid "
-                         f"past the target's limits (threads, registers, shared memory, co-residency)")
-    layout = recipe.layout(program, target, knobs)
+        database = database if isinstance(database, Database) else Database(database)
+        record = _best_record(program, target, database)
+    from . import cache
+
+    choice = cache.decided(program, target, _question(recipe, knobs, record),
+                           lambda: _choose(program, target, recipe, knobs, record), _usable)
+    if record is not None and choice["stale"] is not None:
+        warnings.warn(f"{database.path}:{record.line}: the tuned {record.candidate} does not run here; using the "
+                      f"defaults: {choice['stale']}", stacklevel=3)
+        record = None
+    recipe = recipe or schedules.named(choice["recipe"])
+    knobs, layout = choice["knobs"], PackedLayout(**choice["layout"])
     if layout != program.layout:
         program = lower(cell, steps, int(batch), dtype, plan, layout, allow_tf32)
-    from . import cache
 
     def build():
         schedule = recipe.apply(program, target, **knobs)
@@ -114,13 +113,10 @@ def check_problem(cell: Cell, steps, batch, dtype, any_steps: bool = True) -> No
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
 
 
-def _tuned(program: Program, target, database) -> Record | None:
-    """The best record for this problem among the built-in and registered recipes, else
-    the best at the nearest sequence length (``database.nearest_steps``), if its knobs pass the
-    recipe's ``check_knobs`` here. One that does not (a stale record: another version of halstm or
-    another machine wrote it; or one written by hand) is passed over with a warning, as are a
-    malformed line and a database that cannot be read: the defaults are used."""
-    db = database if isinstance(database, Database) else Database(database)
+def _best_record(program: Program, target, db: Database) -> Record | None:
+    """The best record for this problem among the built-in and registered recipes, else the best at
+    the nearest sequence length (``database.nearest_steps``); None, with a warning, where the
+    database cannot be read. ``_choose`` checks that its knobs run here."""
     try:
         records = db.records()
     except OSError as e:
@@ -128,16 +124,55 @@ def _tuned(program: Program, target, database) -> Record | None:
                       stacklevel=4)
         return None
     key = tuning_key(program.cell, program.nominal_steps, program.batch, program.dtype, target, program.allow_tf32)
-    recipes = schedules.known()
-    record = best(records, key, set(recipes)) or nearest_steps(records, key, set(recipes))
-    if record is None:
-        return None
-    why = recipes[record.recipe].check_knobs(program, target, record.knobs)
-    if why is None:
-        return record
-    warnings.warn(f"{db.path}:{record.line}: the tuned {record.candidate} does not run here; using the defaults: "
-                  f"{why}", stacklevel=4)
-    return None
+    recipes = set(schedules.known())
+    return best(records, key, recipes) or nearest_steps(records, key, recipes)
+
+
+def _question(recipe, knobs: dict | None, record: Record | None) -> dict:
+    """What ``_choose`` decides from besides the program and target, as JSON (``cache.decided``): the
+    recipe asked for and the code of its file, the knobs asked for, the tuning record's choice."""
+    from .cache import recipe_code
+
+    asked = None if recipe is None else {"name": recipe.name, "code": recipe_code(recipe)}
+    tuned = None if record is None else {"recipe": record.recipe, "knobs": record.knobs,
+                                         "code": recipe_code(schedules.named(record.recipe))}
+    return {"recipe": asked, "knobs": knobs, "record": tuned}
+
+
+def _usable(choice: dict) -> bool:
+    """Whether a kept choice names a known recipe, knobs and a weight layout (a cache entry edited or
+    written by another version is decided again)."""
+    try:
+        PackedLayout(**choice["layout"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return (choice.get("recipe") in schedules.known() and isinstance(choice.get("knobs"), dict)
+            and isinstance(choice.get("stale"), (str, type(None))))
+
+
+def _choose(program: Program, target, recipe, knobs: dict | None, record: Record | None) -> dict:
+    """The recipe (``recipe``; else ``record``'s where its knobs run here; else the first built-in
+    one that applies), its resolved knobs and weight layout, as JSON, and ``stale``: why ``record``
+    was passed over (a record another version of halstm or another machine wrote, or one written by
+    hand), else None. Raises where the recipe asked for does not apply or its knobs cannot run."""
+    cell, stale = program.cell, None
+    if recipe is not None and not recipe.is_applicable(program, target):
+        raise ValueError(f"recipe '{recipe.name}' does not apply to {cell!r} on {target.key}")
+    if record is not None:
+        stale = schedules.named(record.recipe).check_knobs(program, target, record.knobs)
+        if stale is None:
+            recipe, knobs = schedules.named(record.recipe), record.knobs
+    if recipe is None:
+        candidates = schedules.recipes_for(program, target)
+        if not candidates:
+            raise ValueError(f"no built-in recipe applies to {cell!r} on {target}")
+        recipe = candidates[0]
+    given, knobs = knobs, recipe.resolve(program, target, knobs)
+    if not recipe.runs(program, target, knobs):
+        raise ValueError(f"recipe '{recipe.name}' cannot run knobs {given} for {cell!r} on {target.key}: a tile or grid "
+                         f"past the target's limits (threads, registers, shared memory, co-residency)")
+    layout = recipe.layout(program, target, knobs)
+    return {"recipe": recipe.name, "knobs": knobs, "layout": dataclasses.asdict(layout), "stale": stale}
 
 
 class CompiledCell(SequenceFunction):

@@ -118,9 +118,13 @@ def reversed_loop(cell: Cell, steps: int | None, batch: int, dtype: str, target,
     plan = plan or make_plan(cell)
     target = targets.resolve(target)
     if target.kind == "cuda" and (dtype != "float32" or allow_tf32):
+        from . import cache
+
         split = AdjointCell(plan, gathered=False)
         loop = lower(split, None if steps is None else steps + 1, batch, dtype, allow_tf32=allow_tf32)
-        if schedules.recipes_for(loop, target)[0].name == "cuda-persistent":
+        first = cache.decided(loop, target, {"first recipe": True},
+                              lambda: {"recipe": schedules.recipes_for(loop, target)[0].name})
+        if first["recipe"] == "cuda-persistent":
             return split
     return AdjointCell(plan, gathered=True)
 

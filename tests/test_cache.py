@@ -1,5 +1,6 @@
 """The on-disk cache of compiled modules (halstm.cache): hits, misses, damaged entries, processes at once."""
 
+import json
 import multiprocessing
 import os
 import subprocess
@@ -161,3 +162,55 @@ def test_processes_at_once_on_an_empty_cache(cache_dir):
     assert len(entries(cache_dir)) == 1
     assert not [p for p in cache_dir.iterdir() if p.name.startswith(".")]  # no temporary file left
     assert isinstance(halstm.compile(halstm.LSTM(8, 16), STEPS, BATCH), cache.CachedCell)
+
+
+def decisions(folder):
+    return sorted(folder.glob("*.decision.json")) if folder.exists() else []
+
+
+def test_a_kept_choice_is_not_decided_again(cache_dir, monkeypatch):
+    """The recipe, knobs and layout chosen for a program are kept beside its module: a later compile
+    of the same problem reads them (the persistent kernel's recipe chooses from the parsed program);
+    another question (knobs asked for) is decided."""
+    cell = halstm.LSTM(8, 16)
+    f = halstm.compile(cell, STEPS, BATCH)
+    assert len(decisions(cache_dir)) == 1
+
+    def choose(*args):
+        raise AssertionError("decided again")
+
+    monkeypatch.setattr(halstm.compiler, "_choose", choose)
+    g = halstm.compile(cell, STEPS, BATCH)
+    assert (g.recipe, g.knobs, g.program.layout) == (f.recipe, f.knobs, f.program.layout)
+    with pytest.raises(AssertionError, match="decided again"):
+        halstm.compile(cell, STEPS, BATCH, knobs={"rows": 2})
+
+
+@pytest.mark.parametrize("answer", [{"recipe": "no-such-recipe"}, "not an object", {"layout": {"tiles": 3}}])
+def test_an_unusable_kept_choice_is_decided_again(cache_dir, answer):
+    cell = halstm.LSTM(8, 16)
+    f = halstm.compile(cell, STEPS, BATCH)
+    [path] = decisions(cache_dir)
+    entry = json.loads(path.read_text())
+    entry["answer"] = {**entry["answer"], **answer} if isinstance(answer, dict) else answer
+    path.write_text(json.dumps(entry))
+    g = halstm.compile(cell, STEPS, BATCH)
+    assert (g.recipe, g.knobs) == (f.recipe, f.knobs)
+    assert json.loads(path.read_text())["answer"]["recipe"] == f.recipe.name  # replaced
+
+
+def test_a_stale_record_warns_on_every_compile(cache_dir, tmp_path, monkeypatch):
+    """A tuning record whose knobs do not run here is passed over with a warning, also where the
+    choice is read from the cache."""
+    cell = halstm.LSTM(8, 16)
+    program = halstm.lower(cell, STEPS, BATCH, "float32")
+    key = halstm.database.tuning_key(cell, STEPS, BATCH, "float32", CpuTarget.host())
+    db = tmp_path / "tuning.jsonl"
+    db.write_text(json.dumps({"key": key, "recipe": "cpu-step-loop", "knobs": {"rows": 0, "vectors": 2, "panel": 64},
+                              "ms": 1.0}) + "\n")
+    monkeypatch.setenv("HALSTM_TUNING_DB", str(db))
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="does not run here; using the defaults"):
+            f = halstm.compile(cell, STEPS, BATCH)
+        assert f.record is None and f.knobs == halstm.schedules.CpuStepLoop().defaults(program, CpuTarget.host())
+    assert len(decisions(cache_dir)) == 1
