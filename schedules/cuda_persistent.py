@@ -171,7 +171,7 @@ class CudaPersistent(Recipe):
         where the dtype and arch allow them from TENSOR_CORE_MIN_BATCH rows; the hoisted
         GEMM's fragments as the step loop's. On tensor cores the batch over row blocks too
         (``_row_blocks``). Where the step has reductions of its own, a grid of at most
-        REDUCING_GRID_GROUPS unit groups (``_reducing_grid``). Waiters before a polled staging above
+        REDUCING_GRID_GROUPS unit groups (``_row_blocks``). Waiters before a polled staging above
         POLL_WAITERS_ABOVE_BYTES, or where no input projection is prefetched first (``poll_operand``),
         where one GEMM polls."""
         H, B = program.cell.hidden_size, program.batch
@@ -186,7 +186,7 @@ class CudaPersistent(Recipe):
             k = _row_blocks(self, program, target, k)
         kernel = PersistentKernel.plan(program, target, k)
         if kernel and kernel.reductions:
-            k = _reducing_grid(self, program, target, k)
+            k = _row_blocks(self, program, target, k, REDUCING_GRID_GROUPS)
             kernel = PersistentKernel.plan(program, target, k)
         k["poll_waiters"] = (bool(kernel and kernel.polled) and len(kernel.gemms) == 1
                              and (kernel.polled_bytes > POLL_WAITERS_ABOVE_BYTES or not kernel.hoisted))
@@ -207,9 +207,10 @@ class CudaPersistent(Recipe):
         with reductions of its own (a layer norm; ``PersistentKernel.reduce``) on a grid of at most
         REDUCING_GRID_GROUPS unit groups, staged (H200, fp16 T=100 I=H=512, whole calls, ms, this
         recipe / the step loop: LayerNormGRU B=16 0.620 / 0.901, B=64 0.816 / 0.991; LayerNormLSTM
-        B=16 0.868 / 1.199, B=64 1.231 / 1.224), not streamed. Nor where the step loop's step GEMM runs on wgmma (Hopper; H100: GRU (100,256,1024) 2.078 ms against this recipe's
-        2.294-2.300), exact float32 included, as three TF32 products (LSTM
-        (100,64,1024) 6.243 / 4.911, GRU 5.717 / 4.099; ResetBeforeGRU 5.005 / 7.138)."""
+        B=16 0.868 / 1.199, B=64 1.231 / 1.224), not streamed. Nor where the step loop's step GEMM
+        runs on wgmma (Hopper; H100: GRU (100,256,1024) 2.078 ms against this recipe's 2.294-2.300),
+        exact float32 included, as three TF32 products (LSTM (100,64,1024) 6.243 / 4.911, GRU 5.717 /
+        4.099; ResetBeforeGRU 5.005 / 7.138)."""
         k, step_loop = self.defaults(program, target), step_loop_defaults(program, target)
         kernel = PersistentKernel.plan(program, target, k)
         if kernel.staged:
@@ -339,27 +340,18 @@ def _hoisted(program, target, knobs: dict) -> tuple[bool, bool, bool]:
     return per_program("hoisted GEMM", program, (target, knobs["wgmma"], knobs["tc_hoisted_frags"]), compute)
 
 
-def _row_blocks(recipe, program, target, knobs) -> dict:
-    """Units and row blocks on tensor cores: the largest grid, and in it the fewest unit groups (each
-    block reads its B / row_blocks rows of the operand every step: fewer groups read less); a split
-    batch gives each block a multiple of 32 rows (two fragments). H100, fp16, T=100, ms,
-    these defaults / the fewest units in one row block: (B, H) = (64, 1024), 16 units x 2 row blocks,
-    LSTM 0.929 / 1.012, GRU 0.862 / 0.972 (1 fragment a warp both), ResetBeforeGRU 1.033 / 1.390;
-    (64, 512), 8 x 2, LSTM 2.189 / 2.506; (256, 1024), streamed, 16 x 2, LSTM 2.81-2.89 / 4.17-4.29."""
-    H, B = program.cell.hidden_size, program.batch
-    settings = [{**knobs, "units": u, "row_blocks": p} for u in range(knobs["units"], H + 1) if H % u == 0
-                for p in recipe.knobs["row_blocks"] if p == 1 or B % (2 * p * FRAG) == 0]
-    return max((k for k in settings if recipe.runs(program, target, k)),
-               key=lambda k: (H // k["units"] * k["row_blocks"], k["units"]), default=knobs)
-
-
-def _reducing_grid(recipe, program, target, knobs) -> dict:
-    """For a step with reductions: at most REDUCING_GRID_GROUPS unit groups (the blocks that exchange
-    a row's partial sums), and among those settings ``_row_blocks``' choice; ``knobs`` where none runs."""
-    H, B = program.cell.hidden_size, program.batch
-    split = knobs["tensor_cores"]  # row blocks take whole pairs of fragments
-    settings = [{**knobs, "units": u, "row_blocks": p, **_register_tile(program, u)}
-                for u in range(1, H + 1) if H % u == 0 and H // u <= REDUCING_GRID_GROUPS
+def _row_blocks(recipe, program, target, knobs, most_groups: int | None = None) -> dict:
+    """Units and row blocks: the largest grid (of at most ``most_groups`` unit groups), and in it
+    the fewest unit groups (each block reads its B / row_blocks rows of the operand every step: fewer
+    groups read less); on tensor cores a split batch gives each block a multiple of 32 rows (two
+    fragments), on FFMA cores the register tile follows the units. ``knobs`` where no setting runs.
+    H100, fp16, T=100, ms, these defaults / the fewest units in one row block: (B, H) = (64, 1024),
+    16 units x 2 row blocks, LSTM 0.929 / 1.012, GRU 0.862 / 0.972 (1 fragment a warp both),
+    ResetBeforeGRU 1.033 / 1.390; (64, 512), 8 x 2, LSTM 2.189 / 2.506; (256, 1024), streamed, 16 x 2,
+    LSTM 2.81-2.89 / 4.17-4.29."""
+    H, B, split = program.cell.hidden_size, program.batch, knobs["tensor_cores"]
+    settings = [{**knobs, "units": u, "row_blocks": p, **({} if split else _register_tile(program, u))}
+                for u in range(knobs["units"], H + 1) if H % u == 0 and H // u <= (most_groups or H)
                 for p in recipe.knobs["row_blocks"] if p == 1 or split and B % (2 * p * FRAG) == 0]
     return max((k for k in settings if recipe.runs(program, target, k)),
                key=lambda k: (H // k["units"] * k["row_blocks"], k["units"]), default=knobs)
