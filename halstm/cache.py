@@ -103,11 +103,13 @@ def decided(program, target, question: dict, decide, usable=lambda answer: True)
     (100,16,512) fp16, 1 s for its backward's reversed loop, on the 2-core CPU machine), a cache hit
     would otherwise pay before loading anything. Keyed by the program, the target, the versions and
     halstm's code, as modules are; an entry that cannot be read, is not for this key or whose answer
-    is not ``usable`` is decided again and replaced. Not kept where ``decide`` raises."""
+    is not ``usable`` is decided again and replaced. Not kept where ``decide`` raises or its answer
+    does not come back from JSON as it was (a registered recipe's knobs of other types)."""
     if not enabled():
         return decide()
     key = {"kind": "decision", "question": question, "program": _sha256(program.source), **_problem(program, target),
            "halstm": deploy._halstm_version(), "tvm": tvm.__version__, "code": _code(None)}
+    key = json.loads(json.dumps(key, sort_keys=True, default=repr))  # as read back
     path = folder() / (_sha256(json.dumps(key, sort_keys=True, separators=(",", ":"))) + ".decision.json")
     try:
         entry = json.loads(path.read_text())
@@ -118,13 +120,18 @@ def decided(program, target, question: dict, decide, usable=lambda answer: True)
         pass
     answer = decide()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         entry = json.dumps({"key": key, "answer": answer}, sort_keys=True)
+    except (TypeError, ValueError):  # a registered recipe's knobs that JSON does not hold: decided each time
+        return answer
+    if json.loads(entry)["answer"] != answer:  # tuples would come back as lists
+        return answer
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         deploy._write_atomically(path, lambda tmp: tmp.write_text(entry + "\n"))
     except OSError as error:
         _warn_once(f"{path.parent}: compiled modules cannot be cached there ({error.strerror or error}); "
                    "set HALSTM_CACHE_DIR to a writable folder, or HALSTM_CACHE=0")
-    return json.loads(json.dumps(answer))  # as a later process reads it
+    return answer
 
 
 def _cached(key: dict, build, store, load):

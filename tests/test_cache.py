@@ -214,3 +214,17 @@ def test_a_stale_record_warns_on_every_compile(cache_dir, tmp_path, monkeypatch)
             f = halstm.compile(cell, STEPS, BATCH)
         assert f.record is None and f.knobs == halstm.schedules.CpuStepLoop().defaults(program, CpuTarget.host())
     assert len(decisions(cache_dir)) == 1
+
+
+def test_a_choice_json_does_not_hold_is_decided_each_time(cache_dir):
+    """A registered recipe's knobs of types JSON changes or cannot hold are not kept."""
+    program, target = halstm.lower(halstm.LSTM(8, 16), STEPS, BATCH), CpuTarget.host()
+    calls = []
+    for answer in ({"knobs": {"tile": (4, 8)}}, {"knobs": {"tile": object()}}):
+        for _ in range(2):
+            assert cache.decided(program, target, {"asked": None}, lambda: calls.append(1) or answer) is answer
+    assert len(calls) == 4 and not decisions(cache_dir)
+    kept = {"knobs": {"tile": 4}}
+    for _ in range(2):
+        assert cache.decided(program, target, {"asked": None}, lambda: calls.append(1) or kept) == kept
+    assert len(calls) == 5 and len(decisions(cache_dir)) == 1
