@@ -44,6 +44,15 @@ ACCUMULATE = "float32"
 NOMINAL_STEPS = 100  # the sequence length a function for any T makes its choices for (tiles, tuning records)
 
 
+@functools.lru_cache(maxsize=16)
+def parsed(source: str) -> tvm.tirx.PrimFunc:
+    """TVMScript parsed, once a process for a source: parsing is most of lowering (0.16 of 0.17 s,
+    LSTM H=512), and the tuner compiles many knob settings of one program; ``Program.mod`` gives
+    each schedule a copy (docs/results.md#tuner-on-the-cpu: a CPU tuning run 10.2-12.5 s against
+    14.3-15.5 s parsing each candidate's program)."""
+    return tvm.script.from_source(source)
+
+
 @dataclass
 class Program:
     """The lowered, unscheduled function and what is needed to call it."""
@@ -58,12 +67,10 @@ class Program:
     args: list[Arg]
     allow_tf32: bool = False  # fp32 GEMMs may run on tensor cores as TF32 (operands to 10 mantissa bits)
 
-    @functools.cached_property
+    @property
     def func(self) -> tvm.tirx.PrimFunc:
-        """Parsed on first use: choosing a recipe, its knobs and its layout needs only the plan and
-        the sizes, and parsing is most of lowering (0.16 of 0.17 s, LSTM H=512), which compile
-        otherwise paid twice when a recipe asks for another weight layout."""
-        return tvm.script.from_source(self.source)
+        """Parsed on first use, once a process for a source (``parsed``)."""
+        return parsed(self.source)
 
     @property
     def mod(self) -> tvm.IRModule:
