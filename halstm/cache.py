@@ -110,7 +110,7 @@ def decided(program, target, question: dict, decide, usable=lambda answer: True)
     key = {"kind": "decision", "question": question, "program": _sha256(program.source), **_problem(program, target),
            "halstm": deploy._halstm_version(), "tvm": tvm.__version__, "code": _code(None)}
     key = json.loads(json.dumps(key, sort_keys=True, default=repr))  # as read back
-    path = folder() / (_sha256(json.dumps(key, sort_keys=True, separators=(",", ":"))) + ".decision.json")
+    path = _entry(key, ".decision.json")
     try:
         entry = json.loads(path.read_text())
         if (isinstance(entry, dict) and entry.get("key") == key and isinstance(entry.get("answer"), dict)
@@ -129,8 +129,7 @@ def decided(program, target, question: dict, decide, usable=lambda answer: True)
         path.parent.mkdir(parents=True, exist_ok=True)
         deploy._write_atomically(path, lambda tmp: tmp.write_text(entry + "\n"))
     except OSError as error:
-        _warn_once(f"{path.parent}: compiled modules cannot be cached there ({error.strerror or error}); "
-                   "set HALSTM_CACHE_DIR to a writable folder, or HALSTM_CACHE=0")
+        _warn_unwritable(path, error)
     return answer
 
 
@@ -138,7 +137,7 @@ def _cached(key: dict, build, store, load):
     """The entry for ``key`` loaded, else ``build()`` stored; an entry ``load`` refuses is deleted."""
     if not enabled():
         return build()
-    path = folder() / (_sha256(json.dumps(key, sort_keys=True, separators=(",", ":"))) + ".so")
+    path = _entry(key, ".so")
     if path.exists():
         try:
             compiled = load(path)
@@ -154,16 +153,22 @@ def _cached(key: dict, build, store, load):
         path.parent.mkdir(parents=True, exist_ok=True)
         store(compiled, path)
     except OSError as error:
-        _warn_once(f"{path.parent}: compiled modules cannot be cached there ({error.strerror or error}); "
-                   "set HALSTM_CACHE_DIR to a writable folder, or HALSTM_CACHE=0")
+        _warn_unwritable(path, error)
     return compiled
 
 
-def _warn_once(message: str) -> None:
+def _entry(key: dict, suffix: str) -> Path:
+    """The path of the entry for ``key``: the SHA-256 of its canonical JSON, and ``suffix``."""
+    return folder() / (_sha256(json.dumps(key, sort_keys=True, separators=(",", ":"))) + suffix)
+
+
+def _warn_unwritable(path: Path, error: OSError) -> None:
+    """Warn once a process that entries cannot be written where ``path`` would go."""
     global _warned
     if not _warned:
         _warned = True
-        warnings.warn(message, stacklevel=4)
+        warnings.warn(f"{path.parent}: compiled modules cannot be cached there ({error.strerror or error}); "
+                      "set HALSTM_CACHE_DIR to a writable folder, or HALSTM_CACHE=0", stacklevel=4)
 
 
 def _backward_meta(path: Path, key: dict) -> dict:
