@@ -78,7 +78,8 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     from . import cache
 
     choice = cache.decided(program, target, _question(recipe, knobs, record),
-                           lambda: _choose(program, target, recipe, knobs, record), _usable)
+                           lambda: _choose(program, target, recipe, knobs, record),
+                           lambda choice: _usable(choice, recipe))
     if record is not None and choice["stale"] is not None:
         warnings.warn(f"{database.path}:{record.line}: the tuned {record.candidate} does not run here; using the "
                       f"defaults: {choice['stale']}", stacklevel=3)
@@ -139,14 +140,15 @@ def _question(recipe, knobs: dict | None, record: Record | None) -> dict:
     return {"recipe": asked, "knobs": knobs, "record": tuned}
 
 
-def _usable(choice: dict) -> bool:
-    """Whether a kept choice names a known recipe, knobs and a weight layout (a cache entry edited or
-    written by another version is decided again)."""
+def _usable(choice: dict, asked) -> bool:
+    """Whether a kept choice names the recipe ``asked`` for (else a known one), knobs and a weight
+    layout (a cache entry edited or written by another version is decided again)."""
     try:
         PackedLayout(**choice["layout"])
     except (KeyError, TypeError, ValueError):
         return False
-    return (choice.get("recipe") in schedules.known() and isinstance(choice.get("knobs"), dict)
+    recipe_ok = choice.get("recipe") == asked.name if asked is not None else choice.get("recipe") in schedules.known()
+    return (recipe_ok and isinstance(choice.get("knobs"), dict)
             and isinstance(choice.get("stale"), (str, type(None))))
 
 

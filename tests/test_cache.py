@@ -228,3 +228,15 @@ def test_a_choice_json_does_not_hold_is_decided_each_time(cache_dir):
     for _ in range(2):
         assert cache.decided(program, target, {"asked": None}, lambda: calls.append(1) or kept) == kept
     assert len(calls) == 5 and len(decisions(cache_dir)) == 1
+
+
+def test_a_choice_for_an_unregistered_recipe_is_kept(cache_dir, monkeypatch):
+    """A recipe object passed to compile, not registered, is decided once too."""
+    class Mine(halstm.schedules.CpuStepLoop):
+        name = "mine-unregistered"
+
+    cell = halstm.LSTM(8, 16)
+    f = halstm.compile(cell, STEPS, BATCH, recipe=Mine())
+    monkeypatch.setattr(halstm.compiler, "_choose", lambda *args: pytest.fail("decided again"))
+    g = halstm.compile(cell, STEPS, BATCH, recipe=Mine())
+    assert g.recipe.name == "mine-unregistered" and g.knobs == f.knobs
