@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
+from tvm.error import InternalError
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
 from tvm.tirx import IntImm
@@ -229,10 +230,12 @@ def _schedules(schedule, sch: Schedule, block, *args) -> bool:
     """Whether ``schedule(sch, block, *args)`` succeeds, tried on a schedule of ``sch``'s module as it
     stands (``Schedule.copy`` failed inside TVM on some states): WMMA's padding of a GEMM can leave
     its scope no stage pipeline, and the shared fetch's ``compute_at`` then fails (the reversed loop
-    of a cell with a layer norm and clamps, fp16, B=16, H=32), where FFMA serves."""
+    of a cell with a layer norm and clamps, fp16, B=16, H=32), and ``tensorize`` can fail a check
+    inside TVM where K is symbolic (the weight gradients' GEMM of GRU's hoisted gates for any T,
+    fp16, B=4, H=32): FFMA serves those."""
     trial = Schedule(copy.deepcopy(sch.mod))  # a schedule may rewrite the module it is given in place
     try:
         schedule(trial, trial.get_sblock(sch.get(block).name_hint), *args)
-    except ScheduleError:
+    except (ScheduleError, InternalError):
         return False
     return True
