@@ -191,12 +191,11 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     rows = rows_and_gemms(program, step)[0]
     # symbolic extents (the backward's functions for any T): rows go to tensor cores where the tile's rows
     # divide them for every T (``_divides_rows``); a symbolic K (the weight gradients' over T*B rows,
-    # padded) to WMMA where its K tile divides it (wgmma's kernel is registered for one K), else to FFMA
+    # padded) where the K tile divides it, else to FFMA
     m, n, k = (sch.get(loop).extent for loop in sch.get_loops(block)[-3:])
     if use_tensor_cores(knobs, program, target, rows if step else None):
         cols = int(n)
-        wgmma = (_wgmma_tile(knobs, program, target, rows, cols, int(k), step, tf32_gemms(program, step))
-                 if isinstance(k, IntImm) else None)
+        wgmma = _wgmma_tile(knobs, program, target, rows, cols, k, step, tf32_gemms(program, step))
         if wgmma is not None and _divides_rows(m, wgmma.bm) and gemm_wgmma(sch, block, wgmma, program.dtype):
             return
         if step:

@@ -45,13 +45,15 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import tvm_ffi
+from tvm import tirx
 from tvm.s_tir import Schedule
 from tvm.s_tir._tensor_intrin import TensorIntrin
 from tvm.tirx import IntImm
 from tvm.script import tirx as T
 
 from .cuda_tensorcore import BYTES, store_operand_in, tensorize_works
-from .recipe import is_pure_copy
+from .recipe import divides, is_pure_copy
 
 ROW_BYTES = 128  # a K tile: one 128-byte swizzled row (64 fp16/bf16 elements, 32 fp32)
 K_STEPS = 4  # wgmma instructions a K tile: each takes 32 bytes of K (k16 fp16/bf16, k8 tf32)
@@ -99,8 +101,10 @@ class WgmmaTile:
     def shared_bytes(self) -> int:
         return self.stages * (self.bm + self.bn) * ROW_BYTES
 
-    def fits(self, cols: int, depth: int, dtype: str, target) -> bool:
-        return (cols % self.bn == 0 and depth % (ROW_BYTES // BYTES[dtype]) == 0 and self.bn <= 256
+    def fits(self, cols: int, depth, dtype: str, target) -> bool:
+        """Whether the tile serves N = ``cols`` and K = ``depth`` (a number, or an expression in a
+        function's sequence length that its K tile provably divides) in shared memory."""
+        return (cols % self.bn == 0 and divides(depth, ROW_BYTES // BYTES[dtype]) and self.bn <= 256
                 and self.ahead >= 1 and self.shared_bytes <= target.shared_memory)
 
     def blocks(self, rows: int, cols: int) -> int:
@@ -156,7 +160,9 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
             sch.compute_inline(producer)
     store_operand_in(sch, block, dtype)
     _row_tiles_in_grid(sch, block, tile)
-    rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block)[-3:])
+    rows, cols, depth = (sch.get(loop).extent for loop in sch.get_loops(block)[-3:])
+    rows, cols = int(rows), int(cols)
+    depth = int(depth) if isinstance(depth, IntImm) else depth  # symbolic: the weight gradients' T*B rows
     if k_by_n and packings:
         sch.transform_layout(block, ("read", 1), lambda k, n: (n, k))
         for packing in packings:  # now a copy: k innermost
@@ -165,8 +171,24 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
         k_by_n = False
     init = sch.decompose_reduction(block, sch.get_loops(block)[-3])
     sch.tensorize(sch.get_loops(init)[-2], _register_fill(rows, cols))
-    sch.tensorize(sch.get_loops(block)[-3], _register_gemm(rows, cols, depth, dtype, tile, k_by_n))
+    loop = sch.get_loops(block)[-3]
+    if isinstance(depth, int):
+        sch.tensorize(loop, _register_gemm(rows, cols, depth, dtype, tile, k_by_n))
+    else:
+        name = sch.get(block).name_hint
+        sch.tensorize(loop, _register_gemm_of_any_depth(rows, cols, depth, dtype, tile, k_by_n))
+        _bind_depth(sch, sch.get_sblock(name + "_o"), depth)  # the block tensorize makes of the loop
     return True
+
+
+def _bind_depth(sch: Schedule, kernel, depth) -> None:
+    """The tensorized ``kernel``'s own K variable replaced by the GEMM's K (an expression of the
+    function's sequence length): tensorize set the operands' regions to the kernel's buffer shapes,
+    which read that variable, and nothing else defines it."""
+    stmt = sch.get(kernel)
+    k = stmt.match_buffers[0].buffer.shape[1]  # A (M, k)
+    bound = tvm_ffi.structural_map(stmt, (tirx.Var, lambda v: depth if v.same_as(k) else v))
+    sch.state.replace(sch.get_sref(kernel), bound, {stmt: bound})
 
 
 def _row_tiles_in_grid(sch: Schedule, block, tile: WgmmaTile) -> None:
@@ -209,10 +231,23 @@ def _register_fill(rows: int, cols: int) -> str:
 
 @functools.cache
 def _register_gemm(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool) -> str:
-    name = f"halstm_wgmma_{M}x{N}x{K}_{dtype}_{tile.name}{'_kn' if k_by_n else ''}"
+    return _register(f"halstm_wgmma_{M}x{N}x{K}_{dtype}_{tile.name}{'_kn' if k_by_n else ''}",
+                     M, N, K, dtype, tile, k_by_n)
+
+
+def _register_gemm_of_any_depth(M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n: bool) -> str:
+    """The kernel for K an expression in a function's sequence length (its weight gradients' sums
+    over T*B rows): registered with that very expression, which tensorize matches in the GEMM it
+    replaces (the comparator takes a variable as equal to itself) and which stays defined there.
+    Registered again each time (one name: tensorize reads it at once)."""
+    return _register(f"halstm_wgmma_{M}x{N}xT_{dtype}_{tile.name}{'_kn' if k_by_n else ''}",
+                     M, N, K, dtype, tile, k_by_n)
+
+
+def _register(name: str, M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n: bool) -> str:
     w_shape = (K, N) if k_by_n else (N, K)
 
-    @T.prim_func(s_tir=True)
+    @T.prim_func(s_tir=True, check_well_formed=False)  # a symbolic K reads the function's sequence length
     def desc(a: T.handle, w: T.handle, c: T.handle):
         A = T.match_buffer(a, (M, K), dtype, offset_factor=1)
         W = T.match_buffer(w, w_shape, dtype, offset_factor=1)
@@ -230,8 +265,10 @@ def _register_gemm(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: 
     return name
 
 
-def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool):
-    """The kernel as the intrinsic's implementation (same buffers as its description). W (N, K) is
+def _kernel(M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n: bool):
+    """The kernel as the intrinsic's implementation (same buffers as its description); K a number
+    or an expression of the sequence length (then fewer K tiles than are fetched ahead are
+    fetched only so far). W (N, K) is
     staged K-major: a W tile is bn rows of 128 bytes, as A's. W (K, N) is staged MN-major: 8 K rows
     of 64 columns (1024 bytes, swizzled as A's rows) an atom, the atoms of a K group side by side
     along N, the K groups after one another; its descriptor's leading offset is the atoms' distance
@@ -249,7 +286,11 @@ def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool):
     ptx = _PTX_TYPE[dtype]
     mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k{32 // size}.f32.{ptx}.{ptx}"
     transposes = () if dtype == "float32" else (0, 1 if k_by_n else 0)  # TF32 takes no transpose immediates
-    w_shape = (K, N) if k_by_n else (N, K)
+    guarded = not isinstance(K, int) or K // bk < ahead
+    # a symbolic K: a variable of the kernel's own, which its buffers' shapes bind to the extent of the
+    # GEMM it replaces (the expression of the description, read through a copy, would be left undefined)
+    K = K if isinstance(K, int) else tirx.Var("k", "int32")
+    w_shape = (K, N) if k_by_n else (N, K)  # the first K tiles fetched ahead may not all exist
 
     @T.macro
     def fetch(smem, A, W, tx, m0, n0, slot, kt):
@@ -277,7 +318,7 @@ def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool):
                     T.address_of(smem[slot * stage + a_tile + r * bk + T.bitwise_xor(c % 8, r % 8) * chunk]),
                     T.address_of(W[n0 + r, kt * bk + c % 8 * chunk]), 16, T.uint32(16))
 
-    @T.prim_func(s_tir=True)
+    @T.prim_func(s_tir=True, check_well_formed=False)  # as the description
     def impl(a: T.handle, w: T.handle, c: T.handle):
         A = T.match_buffer(a, (M, K), dtype, offset_factor=1)
         W = T.match_buffer(w, w_shape, dtype, offset_factor=1)
@@ -295,7 +336,11 @@ def _kernel(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool):
             n0 = T.meta_var(bx % col_tiles * bn)
             group = T.meta_var(tx // WARPGROUP)
             for s in T.unroll(ahead):
-                fetch(smem, A, W, tx, m0, n0, s, s)
+                if guarded:
+                    if s < K // bk:
+                        fetch(smem, A, W, tx, m0, n0, s, s)
+                else:
+                    fetch(smem, A, W, tx, m0, n0, s, s)
                 T.ptx["cp.async.commit_group"]()
             for i in T.unroll(acc_n):
                 acc[i] = T.float32(0)

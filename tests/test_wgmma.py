@@ -6,7 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
-from tvm import te
+from tvm import te, tirx
 from tvm.runtime import from_dlpack
 from tvm.s_tir import Schedule
 
@@ -33,9 +33,12 @@ def tensorize():
 needs_tensorize = pytest.mark.usefixtures("tensorize")
 
 
-def gemm(m: int, n: int, k: int, dtype: str, packed_here: bool = True) -> Schedule:
+def gemm(m: int, n: int, k, dtype: str, packed_here: bool = True) -> Schedule:
     """C = A @ W with W packed (K, N) from stacked weights (N, K), as the hoisted GEMM reads them; or
-    (not ``packed_here``) W given (K, N), as a step GEMM reads the weights the prologue packed."""
+    (not ``packed_here``) W given (K, N), as a step GEMM reads the weights the prologue packed. ``k``
+    "any": K a multiple of 64 that each call's arrays give (as the weight gradients' T*B rows)."""
+    tiles = tirx.Var("k_tiles", "int32") if k == "any" else None  # a scalar argument, as the steps are
+    k = k if tiles is None else tiles * 64
     a = te.placeholder((m, k), dtype, name="A")
     if packed_here:
         weights = te.placeholder((n, k), dtype, name="weights")
@@ -45,7 +48,7 @@ def gemm(m: int, n: int, k: int, dtype: str, packed_here: bool = True) -> Schedu
     r = te.reduce_axis((0, k), name="k")
     c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype("float32") * packed[r, j].astype("float32"), axis=r),
                    name="C")
-    return Schedule(te.create_prim_func([a, weights, c]))
+    return Schedule(te.create_prim_func([a, weights, c] if tiles is None else [tiles, a, weights, c]))
 
 
 @needs_tensorize
@@ -108,6 +111,24 @@ TILES = [WgmmaTile(2, 256, 4, True), WgmmaTile(2, 128, 5, True), WgmmaTile(1, 12
 
 
 @needs_tensorize
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_a_symbolic_k_is_read_by_the_kernel_from_the_function(tmp_path):
+    """K an expression of the function's own variable (the weight gradients' sums over T*B rows of a
+    backward for any T): one kernel whose K loop and prologue read that expression, built with
+    nothing left undefined (tensorize leaves the kernel's own K variable in its operands' regions:
+    ``_bind_depth``)."""
+    sch = gemm(256, 256, "any", "float16", packed_here=False)
+    tile = WgmmaTile(1, 128, 6, True)  # four K tiles fetched ahead: more than a call may have
+    assert tile.fits(256, sch.get(sch.get_loops(sch.get_sblock("C"))[-1]).extent, "float16", H100)
+    assert gemm_wgmma(sch, sch.get_sblock("C"), tile, "float16")
+    after = sch.mod.script()
+    assert "for kt in range(k_tiles * 64 // 64):" in after and "if s < k_tiles * 64 // 64:" in after
+    assert "k = T.int32()" not in after
+    assert_nvcc_compiles(H100.build(sch.mod).mod.imports[0].inspect_source(), tmp_path)
+    assert not WgmmaTile(1, 128, 6, True).fits(256, tirx.Var("t", "int32") * 32, "float16", H100)
+
+
+@needs_tensorize
 def test_weights_packed_elsewhere_are_read_mn_major():
     """W (K, N) not packed in the GEMM's scope (the step's weights, packed by the prologue) stays
     (K, N): the kernel stages it MN-major (transposed wgmma operand, ``trans-b`` 1)."""
@@ -122,13 +143,15 @@ def test_weights_packed_elsewhere_are_read_mn_major():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("symbolic", [False, True], ids=["fixed-k", "any-k"])
 @pytest.mark.parametrize("packed_here", [True, False], ids=["k-major", "mn-major"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t.groups}x{t.bn}-{t.stages}{'f' if t.in_flight else ''}")
-def test_gemm_matches_float64_on_gpu(tile, dtype, packed_here, rng):
+def test_gemm_matches_float64_on_gpu(tile, dtype, packed_here, symbolic, rng):
     """Ragged M (every row tile but the last whole), several K tiles, fresh inputs; W staged K-major
     (packed here, into (N, K)) and MN-major (given (K, N), fp16/bf16); float32 as TF32 (its operands'
-    low mantissa bits dropped: TF32_TOLERANCE)."""
+    low mantissa bits dropped: TF32_TOLERANCE). K fixed, or any multiple of 64 (one function called
+    with K = 384, then 64: fewer K tiles than some tiles fetch ahead)."""
     torch = pytest.importorskip("torch")
     target = CudaTarget.detect()
     if not wgmma_available(dtype, target, allow_tf32=True):
@@ -136,7 +159,7 @@ def test_gemm_matches_float64_on_gpu(tile, dtype, packed_here, rng):
     if dtype == "float32" and not packed_here:
         pytest.skip("TF32 wgmma has no MN-major operand")
     m, n, k = 333, 512, 384
-    sch = gemm(m, n, k, dtype, packed_here)
+    sch = gemm(m, n, "any" if symbolic else k, dtype, packed_here)
     assert gemm_wgmma(sch, sch.get_sblock("C"), tile, dtype)
     if packed_here:
         fused = sch.fuse(*sch.get_loops(sch.get_sblock("w_packed")))
@@ -144,13 +167,16 @@ def test_gemm_matches_float64_on_gpu(tile, dtype, packed_here, rng):
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
     f = target.build(sch.mod)["main"]
-    a = rng.standard_normal((m, k))
-    w = rng.standard_normal((n, k)) / k**0.5
-    args = [torch.tensor(v, dtype=getattr(torch, dtype), device="cuda") for v in (a, w if packed_here else w.T)]
-    c = torch.full((m, n), float("nan"), device="cuda")
-    f(*[from_dlpack(t.contiguous()) for t in (*args, c)])
-    want = args[0].double().cpu().numpy() @ (args[1].double().cpu().numpy().T if packed_here else args[1].double().cpu().numpy())
-    assert np.linalg.norm(c.cpu().numpy() - want) / np.linalg.norm(want) < (TF32_TOLERANCE if dtype == "float32" else 1e-5)
+    for depth in (k, 64) if symbolic else (k,):
+        a = rng.standard_normal((m, depth))
+        w = rng.standard_normal((n, depth)) / depth**0.5
+        args = [torch.tensor(v, dtype=getattr(torch, dtype), device="cuda") for v in (a, w if packed_here else w.T)]
+        c = torch.full((m, n), float("nan"), device="cuda")
+        f(*[depth // 64] * symbolic, *[from_dlpack(t.contiguous()) for t in (*args, c)])
+        w64 = args[1].double().cpu().numpy()
+        want = args[0].double().cpu().numpy() @ (w64.T if packed_here else w64)
+        tolerance = TF32_TOLERANCE if dtype == "float32" else 1e-5
+        assert np.linalg.norm(c.cpu().numpy() - want) / np.linalg.norm(want) < tolerance, depth
 
 
 @needs_tensorize

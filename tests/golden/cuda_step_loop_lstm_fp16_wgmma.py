@@ -48,10 +48,11 @@ class Module:
                 a_desc = T.alloc_local((1,), "uint64")
                 w_desc = T.alloc_local((1,), "uint64")
                 for s in T.unroll(3):
-                    for i in T.unroll(4):
-                        T.ptx.cp(T.cuda.cvta_generic_to_shared(T.address_of(smem[s * 8192 + (tx + i * 128) // 8 * 64 + ((tx + i * 128) % 8 ^ (tx + i * 128) // 8 % 8) * 8])), T.address_of(A[T.min(bx // 4 * 64 + (tx + i * 128) // 8, 47), s * 64 + (tx + i * 128) % 8 * 8]), 16, T.if_then_else(bx // 4 * 64 + (tx + i * 128) // 8 < 48, T.uint32(16), T.uint32(0)), "async", "cg", "shared", "global", "", "", "")
-                    for i in T.unroll(4):
-                        T.ptx.cp(T.cuda.cvta_generic_to_shared(T.address_of(smem[s * 8192 + 4096 + (tx + i * 128) // 8 * 64 + ((tx + i * 128) % 8 ^ (tx + i * 128) // 8 % 8) * 8])), T.address_of(W[bx % 4 * 64 + (tx + i * 128) // 8, s * 64 + (tx + i * 128) % 8 * 8]), 16, T.uint32(16), "async", "cg", "shared", "global", "", "", "")
+                    if s < 1:
+                        for i in T.unroll(4):
+                            T.ptx.cp(T.cuda.cvta_generic_to_shared(T.address_of(smem[s * 8192 + (tx + i * 128) // 8 * 64 + ((tx + i * 128) % 8 ^ (tx + i * 128) // 8 % 8) * 8])), T.address_of(A[T.min(bx // 4 * 64 + (tx + i * 128) // 8, 47), s * 64 + (tx + i * 128) % 8 * 8]), 16, T.if_then_else(bx // 4 * 64 + (tx + i * 128) // 8 < 48, T.uint32(16), T.uint32(0)), "async", "cg", "shared", "global", "", "", "")
+                        for i in T.unroll(4):
+                            T.ptx.cp(T.cuda.cvta_generic_to_shared(T.address_of(smem[s * 8192 + 4096 + (tx + i * 128) // 8 * 64 + ((tx + i * 128) % 8 ^ (tx + i * 128) // 8 % 8) * 8])), T.address_of(W[bx % 4 * 64 + (tx + i * 128) // 8, s * 64 + (tx + i * 128) % 8 * 8]), 16, T.uint32(16), "async", "cg", "shared", "global", "", "", "")
                     T.ptx.cp("async", "commit_group", "")
                 for i in T.unroll(32):
                     acc[i] = T.float32(0.0)
@@ -135,10 +136,11 @@ class Module:
                     a_desc = T.alloc_local((1,), "uint64")
                     w_desc = T.alloc_local((1,), "uint64")
                     for s in T.unroll(3):
-                        for i in T.unroll(4):
-                            T.ptx.cp(T.cuda.cvta_generic_to_shared(T.address_of(smem[s * 8192 + (tx + i * 128) // 8 * 64 + ((tx + i * 128) % 8 ^ (tx + i * 128) // 8 % 8) * 8])), T.address_of(A[T.min(bx // 4 * 64 + (tx + i * 128) // 8, 15), s * 64 + (tx + i * 128) % 8 * 8]), 16, T.if_then_else(bx // 4 * 64 + (tx + i * 128) // 8 < 16, T.uint32(16), T.uint32(0)), "async", "cg", "shared", "global", "", "", "")
-                        for i in T.unroll(4):
-                            T.ptx.cp(T.cuda.cvta_generic_to_shared(T.address_of(smem[s * 8192 + 4096 + (tx + i * 128) // 8 * 64 + ((tx + i * 128) % 8 ^ (tx + i * 128) // 8 % 8) * 8])), T.address_of(W[bx % 4 * 64 + (tx + i * 128) // 8, s * 64 + (tx + i * 128) % 8 * 8]), 16, T.uint32(16), "async", "cg", "shared", "global", "", "", "")
+                        if s < 1:
+                            for i in T.unroll(4):
+                                T.ptx.cp(T.cuda.cvta_generic_to_shared(T.address_of(smem[s * 8192 + (tx + i * 128) // 8 * 64 + ((tx + i * 128) % 8 ^ (tx + i * 128) // 8 % 8) * 8])), T.address_of(A[T.min(bx // 4 * 64 + (tx + i * 128) // 8, 15), s * 64 + (tx + i * 128) % 8 * 8]), 16, T.if_then_else(bx // 4 * 64 + (tx + i * 128) // 8 < 16, T.uint32(16), T.uint32(0)), "async", "cg", "shared", "global", "", "", "")
+                            for i in T.unroll(4):
+                                T.ptx.cp(T.cuda.cvta_generic_to_shared(T.address_of(smem[s * 8192 + 4096 + (tx + i * 128) // 8 * 64 + ((tx + i * 128) % 8 ^ (tx + i * 128) // 8 % 8) * 8])), T.address_of(W[bx % 4 * 64 + (tx + i * 128) // 8, s * 64 + (tx + i * 128) % 8 * 8]), 16, T.uint32(16), "async", "cg", "shared", "global", "", "", "")
                         T.ptx.cp("async", "commit_group", "")
                     for i in T.unroll(32):
                         acc[i] = T.float32(0.0)
