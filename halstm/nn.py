@@ -17,9 +17,8 @@ Inputs, initial states and lengths are checked before anything compiles or runs.
 Modules train: ``_Sequence.backward``, or the op's backward (``halstm::sequence_backward``,
 registered with ``torch.library.register_autograd``), runs the backward through time that
 ``halstm.gradients`` compiles from the same cell, giving torch the gradients with respect to the
-input, every parameter and the initial states of each layer direction. The backward too serves every
-sequence length on the CPU and in float16/bfloat16 on a GPU; in float32 on a GPU it is compiled per
-sequence length (``_any_steps``).
+input, every parameter and the initial states of each layer direction. The forward and the backward
+are each compiled once for every sequence length (``_ANY_STEPS``).
 """
 
 from __future__ import annotations
@@ -41,8 +40,10 @@ from .lowering import cell_hash
 _CELLS: dict[str, object] = {}  # key -> a cell with that definition
 _TF32_SUFFIX = "-tf32"  # a key's float32 GEMMs may run as TF32 (``allow_tf32``)
 _COMPILED: dict[tuple, object] = {}  # (compiler, key, T or None, B, dtype, device) -> compiled function
-# the compilers whose functions serve every sequence length, by device type (``_any_steps``)
-_ANY_STEPS = {"cpu": {compile_cell, compile_backward}, "cuda": {compile_cell}}
+# the compilers whose functions serve every sequence length, by device type. H200, LSTM (100,16,512),
+# (100,64,1024) and (100,256,1024), a backward for any T against one compiled for T=100: fp16 1.04-1.06x
+# the time, TF32 1.05-1.08x (benchmarks/any_steps.py --backward); exact float32 1.03-1.07x
+_ANY_STEPS = {"cpu": {compile_cell, compile_backward}, "cuda": {compile_cell, compile_backward}}
 # Device types where a batch with lengths runs each sequence to its own length (``_by_length_run``):
 # where a step's time grows with its rows. A GPU's step is bound by its latency, not its rows, and
 # runs every sequence all T steps: H100, LSTM fp16 (512,64,512) forward, lengths uniform in [1, T],
@@ -50,26 +51,12 @@ _ANY_STEPS = {"cpu": {compile_cell, compile_backward}, "cuda": {compile_cell}}
 _BY_LENGTH = {"cpu"}
 
 
-def _any_steps(x: torch.Tensor, key: str) -> set:
-    """The compilers whose functions serve every sequence length for cell ``key`` at x's device and
-    dtype: ``_ANY_STEPS``, and on a GPU the backward too but where float32 GEMMs run as TF32. H200,
-    LSTM and GRU (100,16,512) and (100,64,1024), a backward for any T against one compiled for T=100:
-    fp16 1.12-1.27x the time (the weight gradients' GEMMs over T*B rows on tensor cores), exact
-    float32 1.03-1.07x (on FFMA cores both); TF32 1.37-1.82x (the fixed T's on tensor cores, any T's
-    on FFMA cores), so compiled per length."""
-    serving = _ANY_STEPS[x.device.type]
-    tf32 = x.dtype == torch.float32 and key.endswith(_TF32_SUFFIX)
-    if x.device.type == "cuda" and not tf32:
-        return serving | {compile_backward}
-    return serving
-
-
 def _compiled(compiler, key: str, x: torch.Tensor):
     """``compiler`` (halstm.compile or compile_backward) for the cell ``key`` at x's batch, dtype and
     device (and its sequence length, for a compiler whose functions serve one), compiled on first use
     (once: a thread that finds it being compiled waits for it)."""
     T, B, _ = x.shape
-    steps = None if compiler in _any_steps(x, key) else T
+    steps = None if compiler in _ANY_STEPS[x.device.type] else T
     cache = (compiler.__name__, key, steps, B, x.dtype, x.device)
     f = _COMPILED.get(cache)
     if f is None:
@@ -339,20 +326,20 @@ def _layer_direction(key, x, states, params, lengths, calls):
     otherwise every one runs all T steps and the outputs past its length are masked by the caller."""
     cell = _CELLS[key]
     T, B = x.shape[:2]
-    if calls is not None and _by_length(key, x, states, params):
+    if calls is not None and _by_length(x, states, params):
         return _by_length_run(key, x, states, params, lengths, *calls)
     run = _run if B else _empty_sequences  # an empty batch: nothing to compile or run
     seqs = run(key, x.contiguous(), states, params)
     return seqs[cell.states.index(cell.output)][1:], [_at_lengths(seq, lengths, T) for seq in seqs]
 
 
-def _by_length(key, x, states, params) -> bool:
+def _by_length(x, states, params) -> bool:
     """Whether the sequences of a batch with lengths (and ``_calls``) run to their own lengths: where
     every function the pass needs serves any sequence length (each call over part of the steps would
     compile another otherwise)."""
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
     needs = {compile_cell, compile_backward} if training else {compile_cell}
-    return needs <= _any_steps(x, key)
+    return needs <= _ANY_STEPS[x.device.type]
 
 
 def bucket(rows: int, batch: int) -> int:
