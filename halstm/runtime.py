@@ -7,6 +7,7 @@ where the TVM compiler library is absent (``TVM_USE_RUNTIME_LIB=1``).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -237,16 +238,29 @@ def steps_of(x, batch: int, input_size: int, dtype: str, longest: int) -> int:
 
 class Pack:
     """Buffers allocated together (``new_all`` of a frame): each at an ALIGNMENT-aligned byte offset
-    of one allocation, ``nbytes`` in all; ``ends[i]``: the bytes that the first i + 1 take."""
+    of one allocation, ``nbytes`` in all; ``ends[i]``: the bytes that the first i + 1 reach.
 
-    def __init__(self, args):
-        self.args, self.offsets, self.ends, end = tuple(args), [], [], 0
-        for a in self.args:
-            self.offsets.append(end)
-            size = math.prod(a.shape) * np.dtype(numpy_dtype(a.dtype)).itemsize
-            end += -(-size // ALIGNMENT) * ALIGNMENT
-            self.ends.append(end)
-        self.nbytes = end
+    ``phases`` (one a buffer; None: all None) lets buffers share bytes: a buffer with a phase is used
+    only while that phase runs (one function's own scratch, the functions called one after another on
+    one stream). The buffers without one come first; after them, a region as large as the largest
+    phase's buffers together, where each phase lays out its own from the region's start."""
+
+    def __init__(self, args, phases=None):
+        self.args = tuple(args)
+        phases = [None] * len(self.args) if phases is None else list(phases)
+        sizes = [-(-math.prod(a.shape) * np.dtype(numpy_dtype(a.dtype)).itemsize // ALIGNMENT) * ALIGNMENT
+                 for a in self.args]
+        self.offsets, shared = [0] * len(self.args), 0
+        for i, phase in enumerate(phases):
+            if phase is None:
+                self.offsets[i], shared = shared, shared + sizes[i]
+        used: dict = {}
+        for i, phase in enumerate(phases):
+            if phase is not None:
+                self.offsets[i] = shared + used.get(phase, 0)
+                used[phase] = used.get(phase, 0) + sizes[i]
+        self.nbytes = shared + max(used.values(), default=0)
+        self.ends = list(itertools.accumulate((o + n for o, n in zip(self.offsets, sizes)), max))
 
     @functools.cached_property
     def torch_views(self) -> list[tuple]:

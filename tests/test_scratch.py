@@ -18,7 +18,7 @@ from tvm.script import tirx as T
 import halstm
 from halstm import deploy
 from halstm.gradients import compile_backward, reference_backward
-from halstm.runtime import Arg, dimension
+from halstm.runtime import Arg, Pack, dimension
 from halstm.scratch import lift
 from halstm.targets import CpuTarget, CudaTarget
 
@@ -161,7 +161,8 @@ def _backward_mod(backward) -> tvm.IRModule:
 @pytest.mark.parametrize("cell_type", [halstm.LSTM, halstm.LayerNormGRU, halstm.MinGRU], ids=lambda c: c.__name__)
 def test_lifted_functions_run_at_every_length(cell_type, lifting_cpu, rng):
     """Forward and backward compiled for any T with their scratch passed in, NumPy and torch inputs,
-    against float64 at T = 1 and 7."""
+    against float64 at T = 1 and 7; with torch tensors the backward's functions' own scratch share
+    bytes (``Pack``'s phases), a function's buffers written over by the next function's."""
     torch = pytest.importorskip("torch")
     cell = cell_type(I, H)
     forward = halstm.compile(cell, None, B, target=lifting_cpu, database=False)
@@ -176,10 +177,24 @@ def test_lifted_functions_run_at_every_length(cell_type, lifting_cpu, rng):
         assert rel_err(got.numpy(), want) < TOLERANCE["float32"]
         seqs = forward.sequences(x, params, states)
         grads = {s: rng.standard_normal((steps + 1, B, H)).astype(np.float32) for s in cell.states}
-        dx, dparams, _ = backward(x, params, seqs, grads)
         wx, wparams, _ = reference_backward(cell, x, params, states, grads)
-        assert rel_err(dx, wx) < TOLERANCE["float32"]
-        assert all(rel_err(dparams[n], w) < TOLERANCE["float32"] for n, w in wparams.items())
+        as_torch = [{n: torch.from_numpy(np.asarray(v)) for n, v in d.items()} for d in (params, seqs, grads)]
+        for dx, dparams, _ in (backward(x, params, seqs, grads), backward(torch.from_numpy(x), *as_torch)):
+            assert rel_err(np.asarray(dx), wx) < TOLERANCE["float32"]
+            assert all(rel_err(np.asarray(dparams[n]), w) < TOLERANCE["float32"] for n, w in wparams.items())
+    pack = backward._plan_for(7).scratch
+    assert pack.nbytes < Pack(pack.args).nbytes
+
+
+def test_buffers_of_different_phases_share_bytes():
+    """A pack lays out the buffers without a phase first, then each phase's from one region's start:
+    a phase's buffers apart, other phases' over them."""
+    args = [Arg(n, (rows, 16), "float32", "scratch") for n, rows in (("a", 1), ("b", 2), ("c", 3), ("d", 4), ("e", 1))]
+    pack = Pack(args, [None, "f", "f", "g", None])  # 64, 128, 192, 256 and 64 bytes
+    assert pack.offsets == [0, 128, 256, 128, 64]
+    assert pack.nbytes == 128 + max(128 + 192, 256)
+    assert pack.ends == [64, 256, 448, 448, 448]
+    assert Pack(args).offsets == [0, 64, 192, 384, 640] and Pack(args).nbytes == 704
 
 
 def test_exports_and_cache_entries_carry_the_scratch(lifting_cpu, tmp_path, monkeypatch, rng):
