@@ -28,7 +28,7 @@ from .compiler import compile as compile_cell
 from .lowering import lower
 from .oracle import _Evaluator
 from .plan import make_plan
-from .runtime import Arg, Pack, as_frame, check_array, check_names, on_cpu, steps_of
+from .runtime import Arg, HostBuffers, Pack, as_frame, check_array, check_names, on_cpu, steps_of
 from .scratch import lift_module
 
 
@@ -167,14 +167,16 @@ class CompiledBackward:
         return steps_of(x, p.batch, p.plan.cell.input_size, p.dtype, longest)
 
     def __call__(self, x, params: dict, seqs: dict, grads: dict | None = None):
-        buffers, finish, plan, frame = self._bind(x, params, seqs, grads)
+        buffers, finish, plan, frame = self._bind(x, params, seqs, grads, reuse=True)
 
         def run():
             for function, args in plan.calls:
                 function(*args(buffers))
 
         frame.on_device(run)()
-        return finish()
+        done = finish()
+        frame.release()  # the pack's buffers, done with (the results have their own)
+        return done
 
     def prepare(self, x, params: dict, seqs: dict, grads: dict | None = None):
         """Check the arguments and allocate the buffers once; returns a function that runs the four
@@ -194,14 +196,19 @@ class CompiledBackward:
 
         return timed
 
-    def _bind(self, x, params: dict, seqs: dict, grads: dict | None):
+    @functools.cached_property
+    def _host_buffers(self) -> HostBuffers:
+        return HostBuffers()
+
+    def _bind(self, x, params: dict, seqs: dict, grads: dict | None, reuse: bool = False):
         """A call's buffers by slot (``_CallPlan``), the caller's arrays checked and shared, the rest
         allocated; the function that returns (dx, dparams, dstates) after the call; the call plan;
         the frame. A call's host time beyond its kernels, torch tensors, LSTM T=5 B=2 H=16 float32 on the 2-core
         CPU machine (``python benchmarks/call_overhead.py LSTM 5,2,16 --backward --reps 3000``): 105-120 us;
         210-220 us before the call plan (functions looked up each call, a dict of every argument,
         each buffer allocated on its own), 365-375 us where the module was built in the process
-        (each lookup then goes through the module's import tree)."""
+        (each lookup then goes through the module's import tree). With ``reuse``, on the CPU the
+        pack's buffers are one of ``_host_buffers``' allocations, which the call gives back."""
         T = self.steps_of(x)
         plan, dtype, B = self._plan_for(T), self.program.dtype, self.program.batch
         frame = as_frame(x, plan.device, plan.cpu)
@@ -212,7 +219,8 @@ class CompiledBackward:
         for slot, value in plan.numbers:  # T, T + 1: the sequence lengths of a backward for any T
             buffers[slot] = value
         missing = len(grads) < len(plan.state_names)  # then the pack's second buffer is zeroed too
-        for slot, value in zip(plan.scratch_slots, frame.new_all(plan.scratch, zeros=2 if missing else 1)):
+        pool = self._host_buffers if reuse and plan.cpu else None  # torch's CUDA allocator reuses its own
+        for slot, value in zip(plan.scratch_slots, frame.new_all(plan.scratch, 2 if missing else 1, pool)):
             buffers[slot] = value
         for slot, arg in plan.results:
             buffers[slot] = frame.new(arg, zeros=False)

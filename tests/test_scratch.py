@@ -229,3 +229,26 @@ def test_exports_and_cache_entries_carry_the_scratch(lifting_cpu, tmp_path, monk
     seqs = loaded.sequences(x, params, states)
     grads = {s: rng.standard_normal((5, B, H)).astype(np.float32) for s in cell.states}
     assert rel_err(cached(x, params, seqs, grads)[0], reference_backward(cell, x, params, states, grads)[0]) < 1e-5
+
+
+def test_calls_on_the_cpu_take_turns_with_one_host_allocation(rng):
+    """A CPU backward called with torch tensors gives its pack's allocation back after the call and the
+    next call takes it (its pages already in); a call over more steps than it holds takes a new one.
+    Results stay float64's."""
+    torch = pytest.importorskip("torch")
+    cell = halstm.LSTM(I, H)
+    forward = halstm.compile(cell, None, B, database=False)
+    backward = compile_backward(cell, None, B, database=False)
+    held = []
+    for steps in (5, 5, 3, 9):
+        x, params, states = random_inputs(cell, steps, B, rng)
+        seqs = forward.sequences(x, params, states)
+        grads = {"h": rng.standard_normal((steps + 1, B, H)).astype(np.float32)}  # no gradient for c
+        as_torch = [{n: torch.from_numpy(np.asarray(v)) for n, v in d.items()} for d in (params, seqs, grads)]
+        dx, dparams, _ = backward(torch.from_numpy(x), *as_torch)
+        wx, wparams, _ = reference_backward(cell, x, params, states, grads)
+        assert rel_err(dx.numpy(), wx) < TOLERANCE["float32"]
+        assert all(rel_err(dparams[n].numpy(), w) < TOLERANCE["float32"] for n, w in wparams.items())
+        (flat,) = backward._host_buffers._free
+        held.append((flat.data_ptr(), flat.numel()))
+    assert held[0] == held[1] == held[2] and held[3][1] > held[2][1]
