@@ -237,8 +237,8 @@ def _register_gemm(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: 
 
 def _register_gemm_of_any_depth(M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n: bool) -> str:
     """The kernel for K an expression in a function's sequence length (its weight gradients' sums
-    over T*B rows): registered with that very expression, which tensorize matches in the GEMM it
-    replaces (the comparator takes a variable as equal to itself) and which stays defined there.
+    over T*B rows): its description reads that expression, which tensorize matches in the GEMM it
+    replaces; its kernel a K variable of its own, which ``_bind_depth`` replaces by the expression.
     Registered again each time (one name: tensorize reads it at once)."""
     return _register(f"halstm_wgmma_{M}x{N}xT_{dtype}_{tile.name}{'_kn' if k_by_n else ''}",
                      M, N, K, dtype, tile, k_by_n)
@@ -267,12 +267,12 @@ def _register(name: str, M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n:
 
 def _kernel(M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n: bool):
     """The kernel as the intrinsic's implementation (same buffers as its description); K a number
-    or an expression of the sequence length (then fewer K tiles than are fetched ahead are
-    fetched only so far). W (N, K) is
-    staged K-major: a W tile is bn rows of 128 bytes, as A's. W (K, N) is staged MN-major: 8 K rows
-    of 64 columns (1024 bytes, swizzled as A's rows) an atom, the atoms of a K group side by side
-    along N, the K groups after one another; its descriptor's leading offset is the atoms' distance
-    along N, its stride offset the K groups' (the other order computes garbage)."""
+    or an expression of the sequence length (then its prologue fetches only the K tiles that
+    exist). W (N, K) is staged K-major: a W tile is bn rows of 128 bytes, as A's. W (K, N) is
+    staged MN-major: 8 K rows of 64 columns (1024 bytes, swizzled as A's rows) an atom, the atoms
+    of a K group side by side along N, the K groups after one another; its descriptor's leading
+    offset is the atoms' distance along N, its stride offset the K groups' (the other order
+    computes garbage)."""
     bm, bn, stages, ahead, threads = tile.bm, tile.bn, tile.stages, tile.ahead, tile.threads
     size = BYTES[dtype]
     bk, chunk = ROW_BYTES // size, 16 // size  # elements of a K tile, of a 16-byte copy
@@ -286,11 +286,11 @@ def _kernel(M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n: bool):
     ptx = _PTX_TYPE[dtype]
     mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k{32 // size}.f32.{ptx}.{ptx}"
     transposes = () if dtype == "float32" else (0, 1 if k_by_n else 0)  # TF32 takes no transpose immediates
-    guarded = not isinstance(K, int) or K // bk < ahead
-    # a symbolic K: a variable of the kernel's own, which its buffers' shapes bind to the extent of the
-    # GEMM it replaces (the expression of the description, read through a copy, would be left undefined)
+    guarded = not isinstance(K, int) or K // bk < ahead  # the K tiles fetched ahead may not all exist
+    # a symbolic K: a variable of the kernel's own (the description's expression reaches tensorize as a
+    # copy, whose variable nothing would define), replaced by the GEMM's K afterwards (``_bind_depth``)
     K = K if isinstance(K, int) else tirx.Var("k", "int32")
-    w_shape = (K, N) if k_by_n else (N, K)  # the first K tiles fetched ahead may not all exist
+    w_shape = (K, N) if k_by_n else (N, K)
 
     @T.macro
     def fetch(smem, A, W, tx, m0, n0, slot, kt):
