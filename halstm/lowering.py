@@ -48,7 +48,7 @@ NOMINAL_STEPS = 100  # the sequence length a function for any T makes its choice
 def parsed(source: str) -> tvm.tirx.PrimFunc:
     """TVMScript parsed, once a process for a source: parsing is most of lowering (0.16 of 0.17 s,
     LSTM H=512), and the tuner compiles many knob settings of one program; ``Program.mod`` gives
-    each schedule a copy (docs/results.md#tuner-on-the-cpu: a CPU tuning run 10.2-12.5 s against
+    each schedule a copy (docs/results.md#tuner-on-the-cpu: tuning on the CPU took 10.2-12.5 s against
     14.3-15.5 s parsing each candidate's program)."""
     return tvm.script.from_source(source)
 
