@@ -41,3 +41,16 @@ def test_each_contender_is_timed_in_a_process_of_its_own(monkeypatch):
     assert row.torch_ms is None or row.torch_ms > 0
     assert all(env["OMP_WAIT_POLICY"] == "PASSIVE" for *_, env in asked)
     assert "1 threads each" in lines[-1]
+
+
+def test_a_recorded_run_is_appended_a_line_a_row(tmp_path):
+    """``save_run`` appends a run to a record that reads back as the same JSON list, a line each of
+    its rows (as docs/conv-results.json keeps them)."""
+    import json
+
+    record, out = tmp_path / "record.json", tmp_path / "out.json"
+    runs = [{"date": "d", "rows": [{"ms": 1.5, "impl": "halstm"}, {"ms": 2.0, "impl": "torch"}]}, {"rows": []}, {}]
+    for run in runs:
+        bench.save_run(run, str(out), str(record))
+    assert json.loads(record.read_text()) == runs and json.loads(out.read_text()) == {}
+    assert '\n  {"ms": 2.0, "impl": "torch"}\n' in record.read_text()
