@@ -239,7 +239,8 @@ def _register_gemm_of_any_depth(M: int, N: int, K, dtype: str, tile: WgmmaTile, 
     """The kernel for K an expression in a function's sequence length (its weight gradients' sums
     over T*B rows): its description reads that expression, which tensorize matches in the GEMM it
     replaces; its kernel a K variable of its own, which ``_bind_depth`` replaces by the expression.
-    Registered again each time (one name: tensorize reads it at once)."""
+    Registered again for each GEMM (one name: tensorize reads it at once), with a description of
+    its expression and the kernel parsed once a process."""
     return _register(f"halstm_wgmma_{M}x{N}xT_{dtype}_{tile.name}{'_kn' if k_by_n else ''}",
                      M, N, K, dtype, tile, k_by_n)
 
@@ -261,14 +262,15 @@ def _register(name: str, M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n:
                     C[vi, vj] = C[vi, vj] + T.Cast("float32", A[vi, vk]) * T.Cast(
                         "float32", W[vk, vj] if k_by_n else W[vj, vk])
 
-    TensorIntrin.register(name, desc, _kernel(M, N, K, dtype, tile, k_by_n), override=True)
+    impl = _kernel(M, N, K if isinstance(K, int) else None, dtype, tile, k_by_n)
+    TensorIntrin.register(name, desc, impl, override=True)
     return name
 
 
-def _kernel(M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n: bool):
-    """The kernel as the intrinsic's implementation (same buffers as its description); K a number
-    or an expression of the sequence length (then its prologue fetches only the K tiles that
-    exist). W (N, K) is staged K-major: a W tile is bn rows of 128 bytes, as A's. W (K, N) is
+@functools.cache  # once a process for a K of any length (a fixed K's registration is cached whole)
+def _kernel(M: int, N: int, K: int | None, dtype: str, tile: WgmmaTile, k_by_n: bool):
+    """The kernel as the intrinsic's implementation (same buffers as its description); K a number,
+    or None for any (then its prologue fetches only the K tiles that exist). W (N, K) is staged K-major: a W tile is bn rows of 128 bytes, as A's. W (K, N) is
     staged MN-major: 8 K rows of 64 columns (1024 bytes, swizzled as A's rows) an atom, the atoms
     of a K group side by side along N, the K groups after one another; its descriptor's leading
     offset is the atoms' distance along N, its stride offset the K groups' (the other order
@@ -286,10 +288,10 @@ def _kernel(M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n: bool):
     ptx = _PTX_TYPE[dtype]
     mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k{32 // size}.f32.{ptx}.{ptx}"
     transposes = () if dtype == "float32" else (0, 1 if k_by_n else 0)  # TF32 takes no transpose immediates
-    guarded = not isinstance(K, int) or K // bk < ahead  # the K tiles fetched ahead may not all exist
-    # a symbolic K: a variable of the kernel's own (the description's expression reaches tensorize as a
-    # copy, whose variable nothing would define), replaced by the GEMM's K afterwards (``_bind_depth``)
-    K = K if isinstance(K, int) else tirx.Var("k", "int32")
+    guarded = K is None or K // bk < ahead  # the K tiles fetched ahead may not all exist
+    # any K: a variable of the kernel's own (the description's expression reaches tensorize as a copy,
+    # whose variable nothing would define), replaced by the GEMM's K afterwards (``_bind_depth``)
+    K = tirx.Var("k", "int32") if K is None else K
     w_shape = (K, N) if k_by_n else (N, K)
 
     @T.macro
