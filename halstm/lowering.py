@@ -28,6 +28,7 @@ import copy
 import functools
 import hashlib
 import math
+import operator
 import textwrap
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -123,6 +124,7 @@ class PackedLayout:
     k_major: bool = False
     tf32x3: bool = False
     hoisted_only: bool = False
+    split_k: int = 1
 
     def __post_init__(self):
         if self.k_major and self.tile is not None:
@@ -228,15 +230,22 @@ def _packed(gemm: Gemm, params: Params, layout: PackedLayout, name: str) -> te.T
     return te.compute(layout.shape(gemm.depth, gemm.rows), lambda *i: value(*layout.unpack(*i)), name=name)
 
 
-def _gemm(operand: te.Tensor, packed: te.Tensor, layout: PackedLayout, rows: int, name: str) -> te.Tensor:
-    k = te.reduce_axis((0, int(operand.shape[1])), name="k")
-    return te.compute(
-        (operand.shape[0], rows),
-        lambda b, n: te.sum(
-            operand[b, k].astype(ACCUMULATE) * layout.load(packed, k, n).astype(ACCUMULATE), axis=k
-        ),
-        name=name,
-    )
+def _gemm(operand: te.Tensor, packed: te.Tensor, layout: PackedLayout, rows: int, name: str,
+          slices: int = 1) -> te.Tensor:
+    """operand @ packed; with ``slices``, K summed in that many slices (PackedLayout.split_k)."""
+    depth = int(operand.shape[1]) // slices
+    k = te.reduce_axis((0, depth), name="k")
+
+    def product(b, kk, n):
+        return operand[b, kk].astype(ACCUMULATE) * layout.load(packed, kk, n).astype(ACCUMULATE)
+
+    if slices == 1:
+        return te.compute((operand.shape[0], rows), lambda b, n: te.sum(product(b, k, n), axis=k), name=name)
+    sliced = te.compute((slices, operand.shape[0], rows),
+                        lambda s, b, n: te.sum(product(b, s * depth + k, n), axis=k), name=name)
+    return te.compute((operand.shape[0], rows),
+                      lambda b, n: functools.reduce(operator.add, (sliced[s, b, n] for s in range(slices))),
+                      name=f"{name}_sum")
 
 
 class _Tracer:
@@ -355,7 +364,7 @@ def _prologue(plan: Plan, steps: int | None, batch: int, dtype: str, layout: Pac
 
 def _step(plan: Plan, batch: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
     """One step on row-block views: per stage the combined GEMM, then the elementwise math."""
-    step = trace_step(plan, batch, dtype, layout)
+    step = trace_step(plan, batch, dtype, layout, split_k=True)
     nexts = [_storage(t, dtype, f"{s}_next") for s, t in zip(plan.cell.states, step.traced.next_states)]
     return _prim_func(step.inputs, nexts, [t.op.name for t in step.inputs + nexts])
 
@@ -381,7 +390,7 @@ class StepTrace:
 
 
 def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodiff: bool = False,
-               given: dict | None = None, rows=None) -> StepTrace:
+               given: dict | None = None, rows=None, split_k: bool = False) -> StepTrace:
     """The step traced. A GEMM operand that is a state's float32 view is copied from the state itself,
     in its own dtype (the GEMM widens it): an fp16 state's tile is then a plain copy, which the
     tensor-core GEMM fetches 16 bytes at a time with cp.async, where a cast to fp32 and back was a load
@@ -389,7 +398,9 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodif
     through. ``given``: GEMM results by name that the step reads instead of computing them (tensors
     of (batch, rows) float32; their operands are still traced and recorded). ``rows``: the GEMMs it
     computes over that many rows, their operands read as zeros past ``batch`` (the backward's
-    first-stage GEMMs over all T*B rows of a function for any T, padded as ``hoisted_rows``)."""
+    first-stage GEMMs over all T*B rows of a function for any T, padded as ``hoisted_rows``).
+    ``split_k``: the GEMMs sum K in the layout's ``split_k`` slices (the step loop's step), where
+    those divide it."""
     cell, given = plan.cell, given or {}
     _, _, params = placeholders(cell, batch, dtype)
     x = te.placeholder((batch, cell.input_size), dtype, name="x_t")
@@ -420,7 +431,9 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodif
                 operand = _operand(_padded(source, rows, f"{gemm.name}_padded"), gemm, layout.of(gemm))
             else:  # one block, the operand itself (a padding block apart failed to inline into its copy)
                 operand = _padded(source, rows, f"{gemm.name}_operand")
-            gemms[gemm.name] = _gemm(operand, packed[gemm.name], layout.of(gemm), gemm.rows, gemm.name)
+            slices = layout.of(gemm).split_k if split_k else 1
+            slices = slices if int(operand.shape[1]) % slices == 0 else 1
+            gemms[gemm.name] = _gemm(operand, packed[gemm.name], layout.of(gemm), gemm.rows, gemm.name, slices)
             operands[gemm.name] = a
             if rows is not None:  # the step's math reads its own rows
                 seen[gemm.name] = _first_rows(gemms[gemm.name], batch, f"{gemm.name}_rows")

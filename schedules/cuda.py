@@ -14,8 +14,9 @@ from the target's SMs and shared memory: ``_step_tensor_core_defaults``). Both a
 K tiles by default, two for TF32 (tc_stages, cp.async, from sm_80: ``pipelined_defaults``). fp32
 GEMMs run there too as TF32 when the program allows it (``allow_tf32``). On Hopper the GEMMs run on
 wgmma instead (wgmma.py, knob "wgmma", ``on_wgmma``), their weights packed (N, K) where all do
-(``layout``), and exact float32 then as three TF32 products each (``split_tf32``). The others use
-the FFMA schedule (cuda_ffma.py).
+(``layout``), and exact float32 then as three TF32 products each (``split_tf32``); a step GEMM whose
+grid leaves SMs idle (the reversed loop's, N = H) in K slices that its elementwise math adds up
+(knob "wgmma_step_split", ``step_split_k``). The others use the FFMA schedule (cuda_ffma.py).
 
 The recipe's helpers, one job a module: cuda_gemm.py chooses each GEMM's schedule and tile,
 cuda_epilogue.py fuses a step's elementwise math into its GEMM's kernel, cuda_blocks.py schedules
@@ -37,7 +38,8 @@ from .cuda_epilogue import epilogue_units, fuse_epilogue
 from .cuda_ffma import hoisted_tile, step_tile
 from .cuda_gemm import (PIPELINED_K_BYTES, PIPELINED_K_TILES, STEP_K_BYTES, STEP_WARPS_M, STEP_WIDE_COLUMNS,
                         hoisted_tensor_core_tile, on_wgmma, pipelined_defaults, rows_and_gemms, schedule_gemm,
-                        split_tf32, step_tensor_core_tile, step_tiles_fit, tf32_gemms, use_tensor_cores)
+                        split_tf32, step_split_k, step_tensor_core_tile, step_tiles_fit, tf32_gemms,
+                        use_tensor_cores)
 from .cuda_tensorcore import BYTES, tensor_cores_available
 from .recipe import (Recipe, child_blocks, copies_rows, inline_elementwise, is_pure_copy, is_reduction,
                      merge_next_states, reduces_columns)
@@ -98,13 +100,17 @@ class CudaStepLoop(Recipe):
         # measured 1.811 ms against auto's 1.904, equal in the tuner's side-by-side: a shape's tune decides
         "wgmma_hoisted": ("auto", "2x256x4f", "2x128x5f", "1x128x6f", "1x64x4"),
         "wgmma_step": ("auto", "1x128x6f", "1x64x4", "2x128x5f"),
+        # the step GEMMs' K summed in that many slices, each a grid row of the GEMM's kernel, the
+        # slices added by the elementwise math that reads the result (PackedLayout.split_k); "auto":
+        # step_split_k's choice, which fills the SMs where the GEMM's few rows and columns do not
+        "wgmma_step_split": ("auto", 1, 2, 4, 8),
     }
     _FFMA_STEP = ("block_rows", "block_cols", "thread_rows", "thread_cols", "k_chunk")
     _FFMA_HOISTED = ("hoisted_block", "hoisted_thread")
     _TENSOR_CORE = ("tc_hoisted_frags", "tc_k", "tc_stages")
     _TENSOR_CORE_STEP = ("tc_warps_m", "tc_warps_n", "tc_frags", "tc_step_k", "tc_prefetch", "tc_fill",
                          "tc_epilogue")
-    _WGMMA = ("wgmma", "wgmma_hoisted", "wgmma_step")
+    _WGMMA = ("wgmma", "wgmma_hoisted", "wgmma_step", "wgmma_step_split")
     switches = ("tensor_cores", "wgmma")
 
     def is_applicable(self, program, target) -> bool:
@@ -192,6 +198,9 @@ class CudaStepLoop(Recipe):
         program = self.lowered(program, target, knobs)
         return (all(knobs[name] == self.knobs[name][0] for name in self._unused(program, target, knobs))
                 and not any(self._repeats_auto(program, target, knobs, step) for step in (False, True))
+                and not (knobs["wgmma_step_split"] != "auto"
+                         and self._split_k(program, target, knobs) == self._split_k(
+                             program, target, {**knobs, "wgmma_step_split": "auto"}))
                 and self.runs(program, target, knobs))
 
     def _repeats_auto(self, program, target, knobs, step: bool) -> bool:
@@ -207,6 +216,7 @@ class CudaStepLoop(Recipe):
         on = use_tensor_cores(knobs, program, target)
         hoisted = hoisted_tensor_core_tile(knobs) if on else hoisted_tile(knobs)
         return (hoisted.fits(size, target) and step_tile(knobs, program.batch).fits(size, target)
+                and self._split_k(program, target, knobs) is not None
                 and (not use_tensor_cores(knobs, program, target, program.batch)
                      or on_wgmma(knobs, program, target, step=True)
                      or step_tiles_fit(knobs, program, target, size)))
@@ -238,6 +248,7 @@ class CudaStepLoop(Recipe):
             tiles = self._WGMMA
         else:  # a tile knob of GEMMs off wgmma (or whose tile does not fit) changes nothing
             tiles = tuple(name for name, on in zip(("wgmma_hoisted", "wgmma_step"), wgmma) if not on)
+            tiles += ("wgmma_step_split",) if not wgmma[1] else ()
         return (self._FFMA_HOISTED + (self._FFMA_STEP if step_tc else ())
                 + self._moot_wmma(program, target, knobs, wgmma) + tiles)
 
@@ -256,12 +267,21 @@ class CudaStepLoop(Recipe):
         the units of one column tile. (N, K) (``k_major``) where every GEMM runs on wgmma: the
         step's weights are packed by the prologue, outside the scope where ``gemm_wgmma`` could
         lay them out so, and TF32 wgmma reads no other layout; exact float32 GEMMs then as three
-        TF32 products (``tf32x3``, ``split_tf32``)."""
+        TF32 products (``tf32x3``, ``split_tf32``). The step GEMMs' K in ``_split_k`` slices."""
         split = split_tf32(knobs, program, target)
         if split or (on_wgmma(knobs, program, target) and on_wgmma(knobs, program, target, step=True)):
-            return PackedLayout(k_major=True, tf32x3=split)
+            return PackedLayout(k_major=True, tf32x3=split, split_k=self._split_k(program, target, knobs) or 1)
         units = epilogue_units(knobs, program, target)
-        return PackedLayout(units=units, width=program.cell.hidden_size) if units else PackedLayout()
+        if units:
+            return PackedLayout(units=units, width=program.cell.hidden_size)
+        if program.dtype == "float32":  # TF32 wgmma reads no (K, N) weights: FFMA's GEMMs are whole
+            return PackedLayout()
+        return PackedLayout(split_k=self._split_k(program, target, knobs) or 1)
+
+    def _split_k(self, program, target, knobs) -> int | None:
+        """``step_split_k`` for ``program`` as lowered before its layout is chosen (its K once over
+        where the layout will hold three TF32 products)."""
+        return step_split_k(knobs, program, target, tf32x3=split_tf32(knobs, program, target))
 
     def lowered(self, program, target, knobs):
         """``program`` as ``halstm.compile`` lowers it for ``knobs`` (its layout)."""

@@ -18,8 +18,8 @@ from tvm.tirx import IntImm
 
 from .cuda_ffma import GemmTile, gemm_tiled, hoisted_tile, step_tile
 from .cuda_tensorcore import BYTES, TensorCoreTile, fetches_its_operand, gemm_tensorcore, tensor_cores_available
-from .recipe import divides
-from .wgmma import WgmmaTile, gemm_wgmma, wgmma_available, wgmma_tile
+from .recipe import divides, is_pure_copy
+from .wgmma import ROW_BYTES, WgmmaTile, gemm_wgmma, wgmma_available, wgmma_tile
 
 # the step GEMM uses tensor cores from one full 16-row fragment up: below, most of each mma_sync
 # would multiply padding rows, and the FFMA tile at small B is bound by latency, not arithmetic
@@ -131,6 +131,43 @@ def _on_wgmma(knobs: dict, program, target, step: bool, tf32: bool) -> bool:
             and all(_wgmma_tile(knobs, program, target, rows, g.rows, g.depth, step, tf32) for g in gemms))
 
 
+# the most K slices of a step GEMM (PackedLayout.split_k), and the fewest K tiles a slice keeps
+MAX_SPLIT_K = 8
+MIN_SLICE_TILES = 8
+
+
+def step_split_k(knobs: dict, program, target, tf32x3: bool = False) -> int | None:
+    """How many K slices the step's GEMMs sum (PackedLayout.split_k; ``tf32x3``: their K three times
+    over): the knob wgmma_step_split where every step GEMM is on wgmma (else 1), None where a number
+    it names does not cut each K into slices of at least MIN_SLICE_TILES whole K tiles. "auto": the
+    most, a power of two up to MAX_SPLIT_K, that keep each GEMM's blocks within one wave of the SMs
+    and such slices. The reversed loop's GEMM has N = H: at LSTM (100,64,1024) TF32 16 blocks of
+    1x64x4 for 132 SMs, eight slices; its training step (benchmarks/training_gpu.py, H100) 8.73 ->
+    6.30 ms, cuDNN 5.96."""
+    tf32 = tf32x3 or tf32_gemms(program, step=True)
+    if not _on_wgmma(knobs, program, target, True, tf32):
+        return 1
+    rows, gemms = rows_and_gemms(program, True)
+    bk = ROW_BYTES // BYTES[program.dtype]
+    depths = [g.depth * (3 if tf32x3 else 1) for g in gemms]
+
+    def whole(slices, depth):
+        return depth % (slices * bk) == 0 and depth // slices >= MIN_SLICE_TILES * bk
+
+    if knobs["wgmma_step_split"] != "auto":
+        slices = int(knobs["wgmma_step_split"])
+        return slices if all(whole(slices, d) for d in depths) else None
+
+    def most(g, depth):
+        blocks = _chosen_tile(knobs, rows, g.rows, target, True).blocks(rows, g.rows)
+        slices = 1
+        while 2 * slices <= MAX_SPLIT_K and 2 * slices * blocks <= target.sms and whole(2 * slices, depth):
+            slices *= 2
+        return slices
+
+    return min((most(g, d) for g, d in zip(gemms, depths)), default=1)
+
+
 def tf32_gemms(program, step: bool = False) -> bool:
     """Whether float32 GEMMs (with ``step``, the step's) may run on TF32 tensor cores: ``allow_tf32``,
     or exact float32 lowered as three TF32 products each (PackedLayout.tf32x3, which the recipe's
@@ -189,6 +226,7 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     ``use_tensor_cores`` allows: wgmma's where it applies (``_wgmma_tile``, ``gemm_wgmma``), else
     WMMA's where the tile can fetch its operand; else the FFMA tile."""
     rows = rows_and_gemms(program, step)[0]
+    sliced = len(sch.get(block).iter_vars) == 4  # K in slices (PackedLayout.split_k): s, b, n, k
     # symbolic extents (the backward's functions for any T): rows go to tensor cores where the tile's rows
     # divide them for every T (``_divides_rows``); a symbolic K (the weight gradients' over T*B rows,
     # padded) where the K tile divides it, else to FFMA
@@ -202,12 +240,29 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
             tile = step_tensor_core_tile(knobs, rows, cols, target)
         else:
             tile = hoisted_tensor_core_tile(knobs).for_rows(rows)
-        if (_divides_rows(m, tile.bm) and _divides_rows(k, tile.bk) and fetches_its_operand(sch, block, tile, program.dtype)
+        if (not sliced and _divides_rows(m, tile.bm) and _divides_rows(k, tile.bk)
+                and fetches_its_operand(sch, block, tile, program.dtype)
                 and _schedules(gemm_tensorcore, sch, block, tile, program.dtype)):
             gemm_tensorcore(sch, block, tile, program.dtype)
             return
+    if sliced:  # off wgmma (an operand it does not read, which step_split_k cannot foresee)
+        _sliced_by_threads(sch, block, knobs["threads"])
+        return
     tile = step_tile(knobs, program.batch) if step else hoisted_tile(knobs)
     gemm_tiled(sch, block, tile if _divides_rows(m, tile.bm) else _row_tile_dividing(tile, m), views)
+
+
+def _sliced_by_threads(sch: Schedule, block, threads: int) -> None:
+    """A GEMM in K slices (s, b, n, k) without a tiled schedule: a thread an output of a slice, its
+    sum in a register, a state's copy read where it is (the recipe leaves those to the GEMM)."""
+    for producer in sch.get_producers(block):
+        if is_pure_copy(sch, producer):
+            sch.compute_inline(producer)
+    s, b, n, _ = sch.get_loops(block)[-4:]
+    outer, inner = sch.split(sch.fuse(s, b, n), [None, threads])
+    sch.bind(outer, "blockIdx.x")
+    sch.bind(inner, "threadIdx.x")
+    sch.reverse_compute_at(sch.cache_write(block, 0, "local"), inner)
 
 
 def _divides_rows(rows, bm: int) -> bool:

@@ -144,12 +144,13 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
     no transposed operand). A computed A (r * h; the split of PackedLayout.tf32x3) stays its own
     kernel, stored in ``dtype`` (rounded, as WMMA's fetch rounds it). Returns False, leaving the
     block alone, where an operand is not in ``dtype`` nor computed for this GEMM alone, or the layout
-    is not one wgmma reads (float32: as TF32)."""
+    is not one wgmma reads (float32: as TF32). A GEMM in K slices (s, b, n, k: PackedLayout.split_k)
+    is one kernel whose grid's z is the slice, each reading its slice of A's and W's K (strided)."""
     a_buffer, w_buffer = (r.source for r in sch.get(block).reads[:2])
     producers = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(a_buffer)]
     copies = [is_pure_copy(sch, p) for p in producers]
     a_source = sch.get(producers[0]).reads[0].source if producers and all(copies) else a_buffer
-    k_by_n = sch.get(block).reads[1].region[0].min.same_as(sch.get(block).iter_vars[2].var)  # W[k, n]
+    k_by_n = sch.get(block).reads[1].region[0].min.same_as(sch.get(block).iter_vars[-1].var)  # W[k, n]
     packings = [p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(w_buffer)]
     if (w_buffer.dtype != dtype or (a_source.dtype != dtype and all(copies))
             or (dtype == "float32" and k_by_n and not packings)
@@ -160,6 +161,9 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
             sch.compute_inline(producer)
     store_operand_in(sch, block, dtype)
     _row_tiles_in_grid(sch, block, tile)
+    sliced = len(sch.get(block).iter_vars) == 4  # K in slices (PackedLayout.split_k): s, b, n, k
+    if sliced:
+        sch.bind(sch.get_loops(block)[-4], "blockIdx.z")
     rows, cols, depth = (sch.get(loop).extent for loop in sch.get_loops(block)[-3:])
     rows, cols = int(rows), int(cols)
     depth = int(depth) if isinstance(depth, IntImm) else depth  # symbolic: the weight gradients' T*B rows
@@ -173,7 +177,7 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
     sch.tensorize(sch.get_loops(init)[-2], _register_fill(rows, cols))
     loop = sch.get_loops(block)[-3]
     if isinstance(depth, int):
-        sch.tensorize(loop, _register_gemm(rows, cols, depth, dtype, tile, k_by_n))
+        sch.tensorize(loop, _register_gemm(rows, cols, depth, dtype, tile, k_by_n, sliced))
     else:
         name = sch.get(block).name_hint
         sch.tensorize(loop, _register_gemm_of_any_depth(rows, cols, depth, dtype, tile, k_by_n))
@@ -230,9 +234,10 @@ def _register_fill(rows: int, cols: int) -> str:
 
 
 @functools.cache
-def _register_gemm(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool) -> str:
-    return _register(f"halstm_wgmma_{M}x{N}x{K}_{dtype}_{tile.name}{'_kn' if k_by_n else ''}",
-                     M, N, K, dtype, tile, k_by_n)
+def _register_gemm(M: int, N: int, K: int, dtype: str, tile: WgmmaTile, k_by_n: bool, strided: bool = False) -> str:
+    """The kernel for K = ``K``; ``strided``: A's and W's K columns part of their rows (a K slice)."""
+    suffix = ("_kn" if k_by_n else "") + ("_s" if strided else "")
+    return _register(f"halstm_wgmma_{M}x{N}x{K}_{dtype}_{tile.name}{suffix}", M, N, K, dtype, tile, k_by_n, strided)
 
 
 def _register_gemm_of_any_depth(M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n: bool) -> str:
@@ -245,13 +250,14 @@ def _register_gemm_of_any_depth(M: int, N: int, K, dtype: str, tile: WgmmaTile, 
                      M, N, K, dtype, tile, k_by_n)
 
 
-def _register(name: str, M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n: bool) -> str:
+def _register(name: str, M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n: bool, strided: bool = False) -> str:
     w_shape = (K, N) if k_by_n else (N, K)
+    a_strides, w_strides = _strides(strided), _strides(strided and not k_by_n)
 
     @T.prim_func(s_tir=True, check_well_formed=False)  # a symbolic K reads the function's sequence length
     def desc(a: T.handle, w: T.handle, c: T.handle):
-        A = T.match_buffer(a, (M, K), dtype, offset_factor=1)
-        W = T.match_buffer(w, w_shape, dtype, offset_factor=1)
+        A = T.match_buffer(a, (M, K), dtype, strides=a_strides, offset_factor=1)
+        W = T.match_buffer(w, w_shape, dtype, strides=w_strides, offset_factor=1)
         C = T.match_buffer(c, (M, N), "float32", offset_factor=1)
         with T.sblock("root"):
             T.reads(C[0:M, 0:N], A[0:M, 0:K], W[0:w_shape[0], 0:w_shape[1]])
@@ -262,15 +268,21 @@ def _register(name: str, M: int, N: int, K, dtype: str, tile: WgmmaTile, k_by_n:
                     C[vi, vj] = C[vi, vj] + T.Cast("float32", A[vi, vk]) * T.Cast(
                         "float32", W[vk, vj] if k_by_n else W[vj, vk])
 
-    impl = _kernel(M, N, K if isinstance(K, int) else None, dtype, tile, k_by_n)
+    impl = _kernel(M, N, K if isinstance(K, int) else None, dtype, tile, k_by_n, strided)
     TensorIntrin.register(name, desc, impl, override=True)
     return name
 
 
+def _strides(strided: bool) -> list:
+    """A match_buffer's strides: a row stride of its own where the region is part of its rows."""
+    return [tirx.Var("row_stride", "int32"), 1] if strided else []
+
+
 @functools.cache  # once a process for a K of any length (a fixed K's registration is cached whole)
-def _kernel(M: int, N: int, K: int | None, dtype: str, tile: WgmmaTile, k_by_n: bool):
+def _kernel(M: int, N: int, K: int | None, dtype: str, tile: WgmmaTile, k_by_n: bool, strided: bool = False):
     """The kernel as the intrinsic's implementation (same buffers as its description); K a number,
-    or None for any (then its prologue fetches only the K tiles that exist). W (N, K) is staged K-major: a W tile is bn rows of 128 bytes, as A's. W (K, N) is
+    or None for any (then its prologue fetches only the K tiles that exist); ``strided``: A and
+    W (N, K) rows of a stride of their own. W (N, K) is staged K-major: a W tile is bn rows of 128 bytes, as A's. W (K, N) is
     staged MN-major: 8 K rows of 64 columns (1024 bytes, swizzled as A's rows) an atom, the atoms
     of a K group side by side along N, the K groups after one another; its descriptor's leading
     offset is the atoms' distance along N, its stride offset the K groups' (the other order
@@ -293,6 +305,7 @@ def _kernel(M: int, N: int, K: int | None, dtype: str, tile: WgmmaTile, k_by_n: 
     # whose variable nothing would define), replaced by the GEMM's K afterwards (``_bind_depth``)
     K = tirx.Var("k", "int32") if K is None else K
     w_shape = (K, N) if k_by_n else (N, K)
+    a_strides, w_strides = _strides(strided), _strides(strided and not k_by_n)
 
     @T.macro
     def fetch(smem, A, W, tx, m0, n0, slot, kt):
@@ -322,8 +335,8 @@ def _kernel(M: int, N: int, K: int | None, dtype: str, tile: WgmmaTile, k_by_n: 
 
     @T.prim_func(s_tir=True, check_well_formed=False)  # as the description
     def impl(a: T.handle, w: T.handle, c: T.handle):
-        A = T.match_buffer(a, (M, K), dtype, offset_factor=1)
-        W = T.match_buffer(w, w_shape, dtype, offset_factor=1)
+        A = T.match_buffer(a, (M, K), dtype, strides=a_strides, offset_factor=1)
+        W = T.match_buffer(w, w_shape, dtype, strides=w_strides, offset_factor=1)
         C = T.match_buffer(c, (M, N), "float32", offset_factor=1)
         with T.sblock("root"):
             T.reads(C[0:M, 0:N], A[0:M, 0:K], W[0:w_shape[0], 0:w_shape[1]])

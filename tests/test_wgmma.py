@@ -12,6 +12,7 @@ from tvm.s_tir import Schedule
 
 import halstm
 from conftest import TF32_TOLERANCE, TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
+from halstm.gradients import reference_backward
 from halstm.lowering import PackedLayout
 from halstm.schedules import CudaPersistent, CudaStepLoop
 from halstm.schedules.cuda_gemm import on_wgmma
@@ -196,8 +197,8 @@ def test_defaults_put_the_hoisted_gemm_on_wgmma(recipe, cell, batch, hidden):
 @needs_tensorize
 def test_wmma_knobs_of_gemms_on_wgmma_are_not_searched():
     """Where both GEMMs run on wgmma their WMMA knobs change nothing: the defaults hold them at their
-    first value, and on tensor cores the space varies only the wgmma tiles and the elementwise
-    kernels' threads. With wgmma off (a switch: ``resolve``) the defaults tune them as before, in
+    first value, and on tensor cores the space varies only the wgmma tiles, the step GEMMs' K slices
+    and the elementwise kernels' threads. With wgmma off (a switch: ``resolve``) the defaults tune them as before, in
     both recipes. ResetBeforeGRU's r * h GEMM runs on wgmma too (r * h stored by a kernel of its
     own); exact float32 as three TF32 products (split_tf32) the same, its FFMA knobs searched with
     tensor cores off."""
@@ -208,15 +209,20 @@ def test_wmma_knobs_of_gemms_on_wgmma_are_not_searched():
     assert (off["tc_warps_m"], off["tc_stages"], off["tc_step_k"], off["tc_fill"]) == (4, 4, 64, True)  # WMMA's own defaults
     assert recipe.valid(lstm, H100, on) and recipe.valid(lstm, H100, off)
     wgmma = [k for k in recipe.space(lstm, H100) if k["tensor_cores"] and k["wgmma"]]
-    assert sorted((k["threads"], k["wgmma_hoisted"], k["wgmma_step"]) for k in wgmma) == sorted(itertools.product(
-        recipe.knobs["threads"], ("auto", "2x128x5f", "1x128x6f", "1x64x4"), ("auto", "1x64x4", "2x128x5f")))
+    assert sorted((k["threads"], k["wgmma_hoisted"], k["wgmma_step"]) for k in wgmma if k["wgmma_step_split"] == "auto") == sorted(
+        itertools.product(recipe.knobs["threads"], ("auto", "2x128x5f", "1x128x6f", "1x64x4"), ("auto", "1x64x4", "2x128x5f")))
+    # K = 1024: two slices of eight K tiles at most, each named where "auto" (one slice where the
+    # step tile's grid fills the SMs: not 2x128x5f's 64 blocks) chooses otherwise
+    assert {(k["wgmma_step"], k["wgmma_step_split"]) for k in wgmma if k["wgmma_step_split"] != "auto"} == {
+        ("auto", 2), ("1x64x4", 2), ("2x128x5f", 1)}
     reset = halstm.lower(halstm.ResetBeforeGRU(1024, 1024), steps=100, batch=256, dtype="float16")
     assert on_wgmma(recipe.defaults(reset, H100), reset, H100, step=True)
     assert len({k["tc_step_k"] for k in recipe.space(reset, H100) if k["tensor_cores"] and k["wgmma"]}) == 1
     exact = halstm.lower(halstm.LSTM(1024, 1024), steps=100, batch=256)
     space = recipe.space(exact, H100)
     assert {(k["tensor_cores"], k["wgmma"]) for k in space} == {(True, True), (False, True)}
-    assert sorted((k["threads"], k["wgmma_hoisted"], k["wgmma_step"]) for k in space if k["tensor_cores"]) == sorted(
+    assert sorted((k["threads"], k["wgmma_hoisted"], k["wgmma_step"]) for k in space
+                  if k["tensor_cores"] and k["wgmma_step_split"] == "auto") == sorted(
         itertools.product(recipe.knobs["threads"], ("auto", "2x128x5f", "1x128x6f", "1x64x4"), ("auto", "1x64x4", "2x128x5f")))
     assert len({k["block_cols"] for k in space if not k["tensor_cores"]}) > 1
     persistent = halstm.lower(halstm.LSTM(1024, 1024), steps=100, batch=64, dtype="float16")
@@ -272,12 +278,13 @@ def test_tf32_runs_both_gemms_on_wgmma(tmp_path):
 def test_exact_fp32_runs_as_three_tf32_products(tmp_path):
     """float32 without allow_tf32: both GEMMs on TF32 wgmma over K three times over (PackedLayout.
     tf32x3: the operand split [a_s, a_b, a_b] by a kernel of its own, the weights [w_b; w_s; w_b]),
-    no other tensor-core GEMM; nvcc compiles it. With tensor cores off, or a step too narrow for
+    no other tensor-core GEMM, the step's K in two slices of 12 K tiles (its 16 blocks leave most
+    SMs idle); nvcc compiles it. With tensor cores off, or a step too narrow for
     tensor cores (B=4), FFMA alone, the layout plain."""
     cell = halstm.LSTM(256, 256)
     f = halstm.compile(cell, 4, 64, "float32", target=H100, recipe="cuda-step-loop")
     source = f.module.mod.imports[0].inspect_source()
-    assert f.program.layout == PackedLayout(k_major=True, tf32x3=True) and not f.program.allow_tf32
+    assert f.program.layout == PackedLayout(k_major=True, tf32x3=True, split_k=2) and not f.program.allow_tf32
     assert "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32" in source and "wmma::" not in source
     assert "tvm_builtin_ptx_wgmma_tf32_ss_mma_async_sync_aligned_m64n64k8_f32_tf32_tf32" in source
     assert "+ (uint)4096) & (uint)4294959104" in source  # tf32_big: TF32_HALF, TF32_BITS
@@ -329,3 +336,118 @@ def test_exact_fp32_as_accurate_as_ffma_on_gpu(rng):
         assert f.program.layout.tf32x3 == on
         errors[on] = rel_err(f(*args)[0].cpu().numpy(), want)
     assert errors[True] < TOLERANCE["float32"] and errors[True] < 2 * errors[False], errors
+
+
+# --- the step GEMMs' K in slices (PackedLayout.split_k) ---------------------------------------------
+
+def _reversed_loop(cell, steps: int, batch: int, dtype: str):
+    """The reversed loop's program as the step loop runs it: one GEMM over the gates' adjoints."""
+    tf32 = dtype == "tf32"
+    adjoint = halstm.AdjointCell(halstm.make_plan(cell), gathered=True)
+    return halstm.lower(adjoint, steps + 1, batch, "float32" if tf32 else dtype, allow_tf32=tf32)
+
+
+@needs_tensorize
+def test_step_gemms_are_cut_into_k_slices_where_their_grid_leaves_sms_idle():
+    """split_k "auto": the reversed loop's GEMM (N = H) of LSTM (100,256,1024) fp16 makes 64 blocks
+    of 1x64x4: two slices; TF32 at B=64, 16 blocks: eight (the most); the forward's (N = 4H, 128
+    blocks) stays whole, as does a step without a GEMM (RG-LRU). A number named is the layout's
+    where it cuts K into slices of eight K tiles or more, else not a valid setting."""
+    recipe = CudaStepLoop()
+
+    def split(program, knobs=None):
+        return recipe.layout(program, H100, recipe.resolve(program, H100, knobs)).split_k
+
+    lstm = halstm.LSTM(1024, 1024)
+    assert split(_reversed_loop(lstm, 100, 256, "float16")) == 2
+    assert split(_reversed_loop(lstm, 100, 64, "tf32")) == 8
+    assert split(halstm.lower(lstm, 100, 256, "float16")) == 1
+    assert split(halstm.lower(halstm.RGLRU(256, 256), 100, 256, "float16")) == 1
+    reversed_fp16 = _reversed_loop(lstm, 100, 256, "float16")  # K = 4096: 64 K tiles
+    assert split(reversed_fp16, {"wgmma_step_split": 8}) == 8
+    assert recipe.valid(reversed_fp16, H100, recipe.resolve(reversed_fp16, H100, {"wgmma_step_split": 8}))
+    narrow = _reversed_loop(halstm.LSTM(256, 256), 100, 64, "float16")  # K = 1024: 16 K tiles
+    assert split(narrow) == 2
+    assert not recipe.valid(narrow, H100, {**recipe.defaults(narrow, H100), "wgmma_step_split": 4})
+    assert not recipe.valid(narrow, H100, {**recipe.defaults(narrow, H100), "wgmma_step_split": 2})  # "auto"'s
+
+
+@needs_tensorize
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_a_step_gemm_in_k_slices_is_one_wgmma_kernel_whose_grid_rows_are_the_slices(tmp_path):
+    """The reversed loop of LSTM (6, 64, 256) fp16 in two slices: the step's GEMM is (2, B, N) summed
+    by an elementwise gemm0_sum, which the math reading it takes in; one wgmma kernel computes both
+    slices (blockIdx.z), each reading its half of K through strided operands; nvcc compiles it."""
+    program = _reversed_loop(halstm.LSTM(256, 256), 6, 64, "float16")
+    f = halstm.compile(program.cell, 7, 64, "float16", target=H100, recipe="cuda-step-loop")
+    assert f.program.layout.split_k == 2
+    script = f.program.mod.script()
+    assert "gemm0 = T.sblock_alloc_buffer((2, 64, 256))" in script
+    assert "gemm0_sum[v_b, v_n] = gemm0[0, v_b, v_n] + gemm0[1, v_b, v_n]" in script
+    source = f.module.mod.imports[0].inspect_source()
+    kernels = [k for k in source.split('extern "C" __global__')[1:] if "{" in k]  # definitions
+    gemm = [k for k in kernels if "wgmma" in k]
+    assert len(gemm) == 1 and "blockIdx.z) * 512)" in gemm[0]  # a slice's K offset: 512 columns
+    assert "(((int)blockIdx.z) * 16384)" in gemm[0]  # its result: slice z of (2, 64, 256)
+    reading = [k for k in kernels if "gemm0_ptr" in k.split("{")[0] and k not in gemm]
+    assert len(reading) == 1 and "+ 16384)]" in reading[0]  # both slices read
+    assert_nvcc_compiles(source, tmp_path)
+
+
+def test_a_step_gemm_in_k_slices_off_wgmma_sums_a_slice_a_thread(monkeypatch, rng):
+    """Where wgmma declines a sliced GEMM (an operand it does not read), each thread sums one output
+    of one slice, the state's copy read in place: the kernel, run in Python as TVM lowers it (the
+    CUDA emulator), against NumPy."""
+    from cuda_emulator import run_kernel
+    from halstm.schedules import cuda_gemm
+
+    monkeypatch.setattr(cuda_gemm, "gemm_wgmma", lambda *args: False)
+    T, B, I, H = 2, 4, 8, 16
+    program = halstm.lower(halstm.LSTM(I, H), T, B, "float32", layout=PackedLayout(k_major=True, split_k=2))
+    sch = CudaStepLoop().apply(program, H100, tensor_cores=False)
+    _, device = H100.split(sch.mod)
+    kernel = next(f for m in device.values() for f in m.functions.values()
+                  if {p.name for p in f.params} == {"gemm0_ptr", "h_seq_ptr", "w_packed1_ptr", "t"})
+    h_seq, packed = rng.standard_normal(((T + 1) * B, H)), rng.standard_normal((4 * H, H))  # (N, K)
+    arrays = {"h_seq_ptr": h_seq.ravel().copy(), "w_packed1_ptr": packed.ravel().copy(),
+              "gemm0_ptr": np.full(2 * B * 4 * H, np.nan)}
+    run_kernel(kernel.specialize({kernel.params[-1]: 1}), arrays)  # t = 1
+    h = h_seq[B:2 * B]
+    want = np.stack([h[:, :H // 2] @ packed[:, :H // 2].T, h[:, H // 2:] @ packed[:, H // 2:].T])
+    assert rel_err(arrays["gemm0_ptr"].reshape(2, B, 4 * H), want) < 1e-12
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype, batch", [("float16", 256), ("tf32", 64), ("float32", 64)])
+@pytest.mark.parametrize("cell_type", [halstm.LSTM, halstm.GRU], ids=lambda c: c.__name__)
+def test_step_gemms_in_k_slices_match_float64_on_gpu(cell_type, dtype, batch, rng):
+    """Forward and backward in the step loop at H=1024, T=4: the reversed loop's GEMM in K slices
+    (fp16 B=256 two, TF32 and exact float32 B=64 eight), the forward's too where "auto" cuts it
+    (float32 at B=64: two); results against the float64 derivation."""
+    torch = pytest.importorskip("torch")
+    from test_backward import as_dict, sequence_grads
+
+    target = CudaTarget.detect()
+    if not wgmma_available("float32", target, allow_tf32=True):
+        pytest.skip("not a Hopper GPU")
+    T, B, hidden = 4, batch, 1024
+    cell = cell_type(hidden, hidden)
+    tf32, tolerance = dtype == "tf32", TF32_TOLERANCE if dtype == "tf32" else TOLERANCE[dtype]
+    dtype = "float32" if tf32 else dtype
+    forward = halstm.compile(cell, T, B, dtype, target=target, recipe="cuda-step-loop", allow_tf32=tf32,
+                             database=False)
+    backward = halstm.compile_backward(cell, T, B, dtype, target=target, allow_tf32=tf32,
+                                       loop_recipe="cuda-step-loop")
+    assert backward.adjoint.program.layout.split_k > 1
+    x, params, states = random_inputs(cell, T, B, rng, dtype)
+    gy, finals = rng.standard_normal((T, B, hidden)), {s: rng.standard_normal((B, hidden)) for s in cell.states}
+    to_gpu = lambda d: {k: torch.from_numpy(np.asarray(v)).cuda() for k, v in d.items()}
+    x_gpu = torch.from_numpy(x).cuda()
+    seqs = forward.sequences(x_gpu, to_gpu(params), to_gpu(states))
+    want_y, _ = halstm.reference(cell, np.asarray(x, np.float64), upcast(params), upcast(states))
+    assert rel_err(seqs[cell.output][1:].float().cpu().numpy(), want_y) < tolerance
+    got = as_dict(*backward(x_gpu, to_gpu(params), seqs, to_gpu(sequence_grads(cell, gy, finals, x.dtype))))
+    want = as_dict(*reference_backward(cell, x, upcast(params), upcast(states), sequence_grads(cell, gy, finals)))
+    for name, value in want.items():
+        assert rel_err(got[name].float().cpu().numpy(), value) < tolerance, name
