@@ -202,7 +202,7 @@ class PersistentKernel(StepGemms, GridReductions):
         kernel = builder.get()
         body = tvm_ffi.structural_map(
             shell.body, (SBlockRealize, lambda r: kernel if r.block.name_hint == "time_loop" else r))
-        return complete(shell.with_body(body))
+        return complete(shell.with_body(body), whole=("persistent", "step"))
 
     def setup(self) -> None:
         """Before the time loop: the weights, and zeros in every other shared buffer; the initial

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from tvm.s_tir.stmt import SBlock
 from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, representative, upcast
 from cuda_emulator import Buffer, Fragment, Memory, Race, T, compile_text, python_expr, python_lines
 from test_custom_cell import X_IN_STEP
 from halstm.schedules import CudaPersistent
-from halstm.schedules.block_gemm import BlockGemm, _warp_frags
+from halstm.schedules.block_gemm import _warp_frags
 from halstm.schedules.persistent_kernel import PersistentKernel
 from halstm.schedules.step_program import Reduction, mean_of
 from halstm.targets import CudaTarget
@@ -52,6 +53,29 @@ def test_step_operand_is_staged_in_shared_memory():
     gemm = gemm[:gemm.index("T.tvm_storage_sync")]
     assert "h_seq" not in gemm and "h_t" not in gemm and "w_packed" not in gemm
     assert "gemm0[" not in text
+
+
+def test_the_kernels_blocks_declare_whole_buffers():
+    """The persistent and step blocks read and write every buffer they touch whole, so that TVM does
+    not infer their regions from every access (LayerNormLSTM's forward compiled in 11.0 s on the
+    2-core CPU machine, now in 1.1 s, its CUDA source the same byte for byte): the state
+    sequences polled through views by pointer, the shared buffers of the persistent block from the
+    step's, those it allocates itself not at all."""
+    sch = CudaPersistent().apply(_program(batch=2, hidden=16, steps=3), H100)
+    blocks = {}
+    tvm_ffi.structural_walk(sch.mod["main"].body, (SBlock, lambda b: blocks.update({b.name_hint: b})))
+
+    def declared(regions):
+        assert all(int(r.min) == 0 and int(r.extent) == int(n) for x in regions
+                   for r, n in zip(x.region, x.source.shape)), "a region that is not its whole buffer"
+        return {x.source.name for x in regions}
+
+    persistent, step = blocks["persistent"], blocks["step"]
+    assert {"h_seq", "c_seq", "h0", "c0", "x_proj0", "weight_hh"} <= declared(persistent.reads)
+    assert declared(persistent.writes) == {"h_seq", "c_seq"}
+    assert "h_seq" in declared(step.reads) and "a_s1" in declared(step.writes)  # a view polled by pointer
+    assert not {b.name for b in persistent.alloc_buffers} & (declared(persistent.reads) | declared(persistent.writes))
+    assert not any("detect_access" in k for b in (persistent, step) for k in b.annotations)
 
 
 def test_input_projection_is_prefetched_with_the_operand():

@@ -90,8 +90,8 @@ class Module:
         for p_bx in T.thread_binding(16, thread="blockIdx.x"):
             for p_tx in T.thread_binding(256, thread="threadIdx.x"):
                 with T.sblock("persistent"):
-                    T.reads(h0[(p_bx * 256 + p_tx) // 16, (p_bx * 256 + p_tx) % 16], c0[(p_bx * 256 + p_tx) // 16, (p_bx * 256 + p_tx) % 16], weight_hh[T.min(p_tx, 79) // 20 * 16 + p_bx, T.min(T.min(p_tx, 79) % 20, 15)], x_proj0[T.min(p_tx, 7) // 4:T.min(p_tx, 7) // 4 + 5, T.min(p_tx, 7) % 4 * 16 + p_bx], h_seq[0:6, 0:16], bias_ih[p_bx:p_bx + 49], bias_hh[p_bx:p_bx + 49], c_seq[p_tx:p_tx + 5, p_bx])
-                    T.writes(h_seq[T.min(T.min(p_bx * 16 + p_tx // 16, p_bx * 64 + p_tx // 4 + 2), p_tx + 2):T.min(T.min(p_bx * 16 + p_tx // 16, p_bx * 64 + p_tx // 4 + 2), p_tx + 2) + (T.max(T.max(p_bx * 16 + p_tx // 16, p_bx * 64 + p_tx // 4 + 2), p_tx + 6) + 1 - T.min(T.min(p_bx * 16 + p_tx // 16, p_bx * 64 + p_tx // 4 + 2), p_tx + 2)), T.min(T.min(p_tx % 16, p_tx % 4 * 4), p_bx):T.min(T.min(p_tx % 16, p_tx % 4 * 4), p_bx) + (T.max(T.max(p_tx % 16, p_tx % 4 * 4 + 3), p_bx) + 1 - T.min(T.min(p_tx % 16, p_tx % 4 * 4), p_bx))], c_seq[T.min(p_bx * 16 + p_tx // 16, p_tx + 2):T.min(p_bx * 16 + p_tx // 16, p_tx + 2) + (T.max(p_bx * 16 + p_tx // 16, p_tx + 6) + 1 - T.min(p_bx * 16 + p_tx // 16, p_tx + 2)), T.min(p_tx % 16, p_bx):T.min(p_tx % 16, p_bx) + (T.max(p_tx % 16, p_bx) + 1 - T.min(p_tx % 16, p_bx))])
+                    T.reads(h0[0:2, 0:16], c0[0:2, 0:16], weight_hh[0:64, 0:16], x_proj0[0:6, 0:64], bias_ih[0:64], bias_hh[0:64], c_seq[0:8, 0:16], h_seq[0:8, 0:16])
+                    T.writes(h_seq[0:8, 0:16], c_seq[0:8, 0:16])
                     w_s1 = T.sblock_alloc_buffer((80,), scope="shared.dyn")
                     part1 = T.sblock_alloc_buffer((2056,), scope="shared.dyn")
                     a_s1 = T.sblock_alloc_buffer((40,), scope="shared.dyn")
@@ -122,8 +122,8 @@ class Module:
                     T.cuda.grid_sync()
                     for t in range(3):
                         with T.sblock("step"):
-                            T.reads(x_proj0[t * 2 + T.min(p_tx, 7) // 4, T.min(p_tx, 7) % 4 * 16 + p_bx], h_seq[t * 2:t * 2 + 2, 0:16], a_s1[p_tx // 4 * 40 + p_tx % 4 * 4:p_tx // 4 * 40 + p_tx % 4 * 4 + 24], w_s1[p_tx % 4 * 4:p_tx % 4 * 4 + 64], acc[0:8], a_r[0:8], w_r[0:16], x_s0[p_tx * 4:p_tx * 4 + 4], bias_ih[p_bx:p_bx + 49], part1[p_tx * 4:p_tx * 4 + 1543], bias_hh[p_bx:p_bx + 49], c_seq[t * 2 + p_tx, p_bx])
-                            T.writes(x_s0[T.min(p_tx, 7)], a_s1[0:40], acc[0:8], a_r[0:8], w_r[0:16], part1[p_tx % 4 * 513 + p_tx // 4 * 8:p_tx % 4 * 513 + p_tx // 4 * 8 + 8], h_seq[t * 2 + 2 + p_tx, p_bx], c_seq[t * 2 + 2 + p_tx, p_bx])
+                            T.reads(x_proj0[0:6, 0:64], a_s1[0:40], w_s1[0:80], acc[0:8], a_r[0:8], w_r[0:16], x_s0[0:8], bias_ih[0:64], part1[0:2056], bias_hh[0:64], c_seq[0:8, 0:16], h_seq[0:8, 0:16])
+                            T.writes(x_s0[0:8], acc[0:8], a_r[0:8], w_r[0:16], part1[0:2056], h_seq[0:8, 0:16], c_seq[0:8, 0:16], a_s1[0:40])
                             x_proj0_t = T.match_buffer(x_proj0[t * 2:t * 2 + 2, 0:64], (2, 64), offset_factor=1)
                             h_t = T.match_buffer(h_seq[t * 2:t * 2 + 2, 0:16], (2, 16), offset_factor=1)
                             c_t = T.match_buffer(c_seq[t * 2:t * 2 + 2, 0:16], (2, 16), offset_factor=1)
