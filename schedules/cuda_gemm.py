@@ -18,7 +18,7 @@ from tvm.tirx import IntImm
 
 from .cuda_ffma import GemmTile, gemm_tiled, hoisted_tile, step_tile
 from .cuda_tensorcore import BYTES, TensorCoreTile, fetches_its_operand, gemm_tensorcore, tensor_cores_available
-from .recipe import divides, is_pure_copy
+from .recipe import divides, in_k_slices, is_pure_copy
 from .wgmma import ROW_BYTES, WgmmaTile, gemm_wgmma, wgmma_available, wgmma_tile
 
 # the step GEMM uses tensor cores from one full 16-row fragment up: below, most of each mma_sync
@@ -226,7 +226,7 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     ``use_tensor_cores`` allows: wgmma's where it applies (``_wgmma_tile``, ``gemm_wgmma``), else
     WMMA's where the tile can fetch its operand; else the FFMA tile."""
     rows = rows_and_gemms(program, step)[0]
-    sliced = len(sch.get(block).iter_vars) == 4  # K in slices (PackedLayout.split_k): s, b, n, k
+    sliced = in_k_slices(sch, block)
     # symbolic extents (the backward's functions for any T): rows go to tensor cores where the tile's rows
     # divide them for every T (``_divides_rows``); a symbolic K (the weight gradients' over T*B rows,
     # padded) where the K tile divides it, else to FFMA

@@ -231,6 +231,11 @@ def inline_elementwise(sch: Schedule, scope, keep=()) -> None:
             break
 
 
+def in_k_slices(sch: Schedule, block) -> bool:
+    """Whether a GEMM block sums K in slices (PackedLayout.split_k): iteration variables s, b, n, k."""
+    return len(sch.get(block).iter_vars) == 4
+
+
 def child_blocks(sch: Schedule, scope_name: str, program):
     """(GEMMs the plan made, other blocks) directly inside the named scope block. A cell's own
     reductions (a layer norm's sums) are other blocks."""

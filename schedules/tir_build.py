@@ -45,9 +45,7 @@ def complete(func: tvm.tirx.PrimFunc, whole: tuple = ()) -> tvm.tirx.PrimFunc:
 def _touching_whole(block: SBlock) -> SBlock:
     """``block`` declaring whole every buffer from outside it that its body loads or stores or passes
     by pointer (a view's, ``match_buffer``'s, its source)."""
-    loads, stores, pointers, inner, views = [], [], [], [], {}
-    for b in block.alloc_buffers:
-        inner.append(b)
+    loads, stores, pointers, inner, views = [], [], [], list(block.alloc_buffers), {}
 
     def nested(b):
         inner.extend(b.alloc_buffers)

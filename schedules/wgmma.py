@@ -53,7 +53,7 @@ from tvm.tirx import IntImm
 from tvm.script import tirx as T
 
 from .cuda_tensorcore import BYTES, store_operand_in, tensorize_works
-from .recipe import divides, is_pure_copy
+from .recipe import divides, in_k_slices, is_pure_copy
 
 ROW_BYTES = 128  # a K tile: one 128-byte swizzled row (64 fp16/bf16 elements, 32 fp32)
 K_STEPS = 4  # wgmma instructions a K tile: each takes 32 bytes of K (k16 fp16/bf16, k8 tf32)
@@ -161,7 +161,7 @@ def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:
             sch.compute_inline(producer)
     store_operand_in(sch, block, dtype)
     _row_tiles_in_grid(sch, block, tile)
-    sliced = len(sch.get(block).iter_vars) == 4  # K in slices (PackedLayout.split_k): s, b, n, k
+    sliced = in_k_slices(sch, block)
     if sliced:
         sch.bind(sch.get_loops(block)[-4], "blockIdx.z")
     rows, cols, depth = (sch.get(loop).extent for loop in sch.get_loops(block)[-3:])
