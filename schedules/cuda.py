@@ -32,7 +32,7 @@ from tvm.s_tir import Schedule
 
 from halstm.lowering import PackedLayout
 
-from .cuda_blocks import (bind_column_reduction, bind_flat, bind_reduction, bind_row_copy, column_slice,
+from .cuda_blocks import (bind_column_reduction, bind_lanes, bind_reduction, bind_row_copy, column_slice,
                           schedule_transpose)
 from .cuda_epilogue import epilogue_units, fuse_epilogue
 from .cuda_ffma import hoisted_tile, step_tile
@@ -319,5 +319,5 @@ class CudaStepLoop(Recipe):
                 elif scope == "prologue" and copies_rows(sch, block):  # buffers of its own: aligned
                     bind_row_copy(sch, block, k["threads"], BYTES[sch.get(block).writes[0].source.dtype])
                 elif not schedule_transpose(sch, block):
-                    bind_flat(sch, block, k["threads"])
+                    bind_lanes(sch, block, k["threads"])
         return sch

@@ -1,5 +1,5 @@
 """The CUDA schedules of the blocks that are not GEMMs: elementwise blocks a thread an output
-(``bind_flat``), a cell's own reductions a thread block an output (``bind_reduction``), sums down
+(``bind_flat``) or LANES adjacent ones (``bind_lanes``), a cell's own reductions a thread block an output (``bind_reduction``), sums down
 columns in two coalesced kernels (``bind_column_reduction``) and transposing copies through shared
 tiles (``schedule_transpose``: the packed weights, the backward's transposed copies).
 """
@@ -22,6 +22,31 @@ def bind_flat(sch: Schedule, block, threads: int) -> None:
     bx, tx = sch.split(fused, [None, threads])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
+
+
+LANES = 4  # a thread's adjacent outputs in ``bind_lanes``: a float32 vector of 16 bytes
+
+
+def bind_lanes(sch: Schedule, block, threads: int) -> None:
+    """An elementwise block, LANES adjacent outputs of a row a thread, as one vector (16-byte float32
+    loads; TVM 0.27 prints an eight-lane float32 constant as a make_ulonglong4 of eight floats, which
+    nvcc rejects). The innermost loop is split first, so that a condition on a column range that
+    LANES divides (a slice of a concatenation, ``lowering.hoisted_rows``' padding) stays one
+    condition a thread and the block vectorised. Blocks with a reduction, or whose rows LANES does
+    not divide, a thread an output (``bind_flat``)."""
+    loops = sch.get_loops(block)
+    if not loops or any(iv.iter_type != IterVar.DataPar for iv in sch.get(block).iter_vars):
+        bind_flat(sch, block, threads)
+        return
+    inner = sch.get(loops[-1]).extent
+    if not isinstance(inner, IntImm) or inner.value % LANES:
+        bind_flat(sch, block, threads)
+        return
+    outer, lane = sch.split(loops[-1], [None, LANES])
+    bx, tx = sch.split(sch.fuse(*loops[:-1], outer) if len(loops) > 1 else outer, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(lane)
 
 
 COPY_BYTES = 16  # what a thread of a row copy moves at once

@@ -165,17 +165,18 @@ class Module:
                     for j in T.unroll(16):
                         if bx // 4 * 64 + tx // 128 * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + j % 2 * 8 < 16:
                             C[bx // 4 * 64 + tx // 128 * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + j % 2 * 8, bx % 4 * 64 + j // 2 * 8 + tx % 32 % 4 * 2:bx % 4 * 64 + j // 2 * 8 + tx % 32 % 4 * 2 + 2] = acc[T.Ramp(2 * j, 1, 2)]
-                for i0_m_i1_m_fused_0 in T.thread_binding(4, thread="blockIdx.x"):
-                    for i0_m_i1_m_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
-                        with T.sblock("h_next"):
-                            v_i0 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) // 64)
-                            v_i1 = T.axis.spatial(64, (i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) % 64)
-                            T.reads(x_proj0_t[v_i0, v_i1:v_i1 + 193], bias_ih[v_i1:v_i1 + 193], gemm0[v_i0, v_i1:v_i1 + 193], bias_hh[v_i1:v_i1 + 193], c_t[v_i0, v_i1])
-                            T.writes(h_next[v_i0, v_i1])
-                            h_next[v_i0, v_i1] = T.Cast("float16", T.sigmoid(x_proj0_t[v_i0, v_i1 + 192] + T.Cast("float32", bias_ih[v_i1 + 192]) + (gemm0[v_i0, v_i1 + 192] + T.Cast("float32", bias_hh[v_i1 + 192]))) * T.tanh(T.sigmoid(x_proj0_t[v_i0, v_i1 + 64] + T.Cast("float32", bias_ih[v_i1 + 64]) + (gemm0[v_i0, v_i1 + 64] + T.Cast("float32", bias_hh[v_i1 + 64]))) * T.Cast("float32", c_t[v_i0, v_i1]) + T.sigmoid(x_proj0_t[v_i0, v_i1] + T.Cast("float32", bias_ih[v_i1]) + (gemm0[v_i0, v_i1] + T.Cast("float32", bias_hh[v_i1]))) * T.tanh(x_proj0_t[v_i0, v_i1 + 128] + T.Cast("float32", bias_ih[v_i1 + 128]) + (gemm0[v_i0, v_i1 + 128] + T.Cast("float32", bias_hh[v_i1 + 128])))))
-                        with T.sblock("c_next"):
-                            v_i0 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) // 64)
-                            v_i1 = T.axis.spatial(64, (i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) % 64)
-                            T.reads(x_proj0_t[v_i0, v_i1:v_i1 + 129], bias_ih[v_i1:v_i1 + 129], gemm0[v_i0, v_i1:v_i1 + 129], bias_hh[v_i1:v_i1 + 129], c_t[v_i0, v_i1])
-                            T.writes(c_next[v_i0, v_i1])
-                            c_next[v_i0, v_i1] = T.Cast("float16", T.sigmoid(x_proj0_t[v_i0, v_i1 + 64] + T.Cast("float32", bias_ih[v_i1 + 64]) + (gemm0[v_i0, v_i1 + 64] + T.Cast("float32", bias_hh[v_i1 + 64]))) * T.Cast("float32", c_t[v_i0, v_i1]) + T.sigmoid(x_proj0_t[v_i0, v_i1] + T.Cast("float32", bias_ih[v_i1]) + (gemm0[v_i0, v_i1] + T.Cast("float32", bias_hh[v_i1]))) * T.tanh(x_proj0_t[v_i0, v_i1 + 128] + T.Cast("float32", bias_ih[v_i1 + 128]) + (gemm0[v_i0, v_i1 + 128] + T.Cast("float32", bias_hh[v_i1 + 128]))))
+                for i0_m_i1_m_0_fused_0 in T.thread_binding(1, thread="blockIdx.x"):
+                    for i0_m_i1_m_0_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
+                        for i1_m_1 in T.vectorized(4):
+                            with T.sblock("h_next"):
+                                v_i0 = T.axis.spatial(16, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) // 16)
+                                v_i1 = T.axis.spatial(64, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) % 16 * 4 + i1_m_1)
+                                T.reads(x_proj0_t[v_i0, v_i1:v_i1 + 193], bias_ih[v_i1:v_i1 + 193], gemm0[v_i0, v_i1:v_i1 + 193], bias_hh[v_i1:v_i1 + 193], c_t[v_i0, v_i1])
+                                T.writes(h_next[v_i0, v_i1])
+                                h_next[v_i0, v_i1] = T.Cast("float16", T.sigmoid(x_proj0_t[v_i0, v_i1 + 192] + T.Cast("float32", bias_ih[v_i1 + 192]) + (gemm0[v_i0, v_i1 + 192] + T.Cast("float32", bias_hh[v_i1 + 192]))) * T.tanh(T.sigmoid(x_proj0_t[v_i0, v_i1 + 64] + T.Cast("float32", bias_ih[v_i1 + 64]) + (gemm0[v_i0, v_i1 + 64] + T.Cast("float32", bias_hh[v_i1 + 64]))) * T.Cast("float32", c_t[v_i0, v_i1]) + T.sigmoid(x_proj0_t[v_i0, v_i1] + T.Cast("float32", bias_ih[v_i1]) + (gemm0[v_i0, v_i1] + T.Cast("float32", bias_hh[v_i1]))) * T.tanh(x_proj0_t[v_i0, v_i1 + 128] + T.Cast("float32", bias_ih[v_i1 + 128]) + (gemm0[v_i0, v_i1 + 128] + T.Cast("float32", bias_hh[v_i1 + 128])))))
+                            with T.sblock("c_next"):
+                                v_i0 = T.axis.spatial(16, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) // 16)
+                                v_i1 = T.axis.spatial(64, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) % 16 * 4 + i1_m_1)
+                                T.reads(x_proj0_t[v_i0, v_i1:v_i1 + 129], bias_ih[v_i1:v_i1 + 129], gemm0[v_i0, v_i1:v_i1 + 129], bias_hh[v_i1:v_i1 + 129], c_t[v_i0, v_i1])
+                                T.writes(c_next[v_i0, v_i1])
+                                c_next[v_i0, v_i1] = T.Cast("float16", T.sigmoid(x_proj0_t[v_i0, v_i1 + 64] + T.Cast("float32", bias_ih[v_i1 + 64]) + (gemm0[v_i0, v_i1 + 64] + T.Cast("float32", bias_hh[v_i1 + 64]))) * T.Cast("float32", c_t[v_i0, v_i1]) + T.sigmoid(x_proj0_t[v_i0, v_i1] + T.Cast("float32", bias_ih[v_i1]) + (gemm0[v_i0, v_i1] + T.Cast("float32", bias_hh[v_i1]))) * T.tanh(x_proj0_t[v_i0, v_i1 + 128] + T.Cast("float32", bias_ih[v_i1 + 128]) + (gemm0[v_i0, v_i1 + 128] + T.Cast("float32", bias_hh[v_i1 + 128]))))

@@ -187,19 +187,20 @@ class Module:
                                 T.reads(gemm0_local[v0, v1])
                                 T.writes(gemm0[v0, v1])
                                 gemm0[v0, v1] = gemm0_local[v0, v1]
-                for i0_m_i1_m_fused_0 in T.thread_binding(1, thread="blockIdx.x"):
-                    for i0_m_i1_m_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
-                        with T.sblock("h_next"):
-                            v_i0 = T.axis.spatial(2, (i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) // 16)
-                            v_i1 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) % 16)
-                            T.where(i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1 < 32)
-                            T.reads(x_proj0_t[v_i0, v_i1:v_i1 + 49], bias_ih[v_i1:v_i1 + 49], gemm0[v_i0, v_i1:v_i1 + 49], bias_hh[v_i1:v_i1 + 49], c_t[v_i0, v_i1])
-                            T.writes(h_next[v_i0, v_i1])
-                            h_next[v_i0, v_i1] = T.sigmoid(x_proj0_t[v_i0, v_i1 + 48] + bias_ih[v_i1 + 48] + (gemm0[v_i0, v_i1 + 48] + bias_hh[v_i1 + 48])) * T.tanh(T.sigmoid(x_proj0_t[v_i0, v_i1 + 16] + bias_ih[v_i1 + 16] + (gemm0[v_i0, v_i1 + 16] + bias_hh[v_i1 + 16])) * c_t[v_i0, v_i1] + T.sigmoid(x_proj0_t[v_i0, v_i1] + bias_ih[v_i1] + (gemm0[v_i0, v_i1] + bias_hh[v_i1])) * T.tanh(x_proj0_t[v_i0, v_i1 + 32] + bias_ih[v_i1 + 32] + (gemm0[v_i0, v_i1 + 32] + bias_hh[v_i1 + 32])))
-                        with T.sblock("c_next"):
-                            v_i0 = T.axis.spatial(2, (i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) // 16)
-                            v_i1 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) % 16)
-                            T.where(i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1 < 32)
-                            T.reads(x_proj0_t[v_i0, v_i1:v_i1 + 33], bias_ih[v_i1:v_i1 + 33], gemm0[v_i0, v_i1:v_i1 + 33], bias_hh[v_i1:v_i1 + 33], c_t[v_i0, v_i1])
-                            T.writes(c_next[v_i0, v_i1])
-                            c_next[v_i0, v_i1] = T.sigmoid(x_proj0_t[v_i0, v_i1 + 16] + bias_ih[v_i1 + 16] + (gemm0[v_i0, v_i1 + 16] + bias_hh[v_i1 + 16])) * c_t[v_i0, v_i1] + T.sigmoid(x_proj0_t[v_i0, v_i1] + bias_ih[v_i1] + (gemm0[v_i0, v_i1] + bias_hh[v_i1])) * T.tanh(x_proj0_t[v_i0, v_i1 + 32] + bias_ih[v_i1 + 32] + (gemm0[v_i0, v_i1 + 32] + bias_hh[v_i1 + 32]))
+                for i0_m_i1_m_0_fused_0 in T.thread_binding(1, thread="blockIdx.x"):
+                    for i0_m_i1_m_0_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
+                        for i1_m_1 in T.vectorized(4):
+                            with T.sblock("h_next"):
+                                v_i0 = T.axis.spatial(2, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) // 4)
+                                v_i1 = T.axis.spatial(16, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) % 4 * 4 + i1_m_1)
+                                T.where(i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1 < 8)
+                                T.reads(x_proj0_t[v_i0, v_i1:v_i1 + 49], bias_ih[v_i1:v_i1 + 49], gemm0[v_i0, v_i1:v_i1 + 49], bias_hh[v_i1:v_i1 + 49], c_t[v_i0, v_i1])
+                                T.writes(h_next[v_i0, v_i1])
+                                h_next[v_i0, v_i1] = T.sigmoid(x_proj0_t[v_i0, v_i1 + 48] + bias_ih[v_i1 + 48] + (gemm0[v_i0, v_i1 + 48] + bias_hh[v_i1 + 48])) * T.tanh(T.sigmoid(x_proj0_t[v_i0, v_i1 + 16] + bias_ih[v_i1 + 16] + (gemm0[v_i0, v_i1 + 16] + bias_hh[v_i1 + 16])) * c_t[v_i0, v_i1] + T.sigmoid(x_proj0_t[v_i0, v_i1] + bias_ih[v_i1] + (gemm0[v_i0, v_i1] + bias_hh[v_i1])) * T.tanh(x_proj0_t[v_i0, v_i1 + 32] + bias_ih[v_i1 + 32] + (gemm0[v_i0, v_i1 + 32] + bias_hh[v_i1 + 32])))
+                            with T.sblock("c_next"):
+                                v_i0 = T.axis.spatial(2, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) // 4)
+                                v_i1 = T.axis.spatial(16, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) % 4 * 4 + i1_m_1)
+                                T.where(i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1 < 8)
+                                T.reads(x_proj0_t[v_i0, v_i1:v_i1 + 33], bias_ih[v_i1:v_i1 + 33], gemm0[v_i0, v_i1:v_i1 + 33], bias_hh[v_i1:v_i1 + 33], c_t[v_i0, v_i1])
+                                T.writes(c_next[v_i0, v_i1])
+                                c_next[v_i0, v_i1] = T.sigmoid(x_proj0_t[v_i0, v_i1 + 16] + bias_ih[v_i1 + 16] + (gemm0[v_i0, v_i1 + 16] + bias_hh[v_i1 + 16])) * c_t[v_i0, v_i1] + T.sigmoid(x_proj0_t[v_i0, v_i1] + bias_ih[v_i1] + (gemm0[v_i0, v_i1] + bias_hh[v_i1])) * T.tanh(x_proj0_t[v_i0, v_i1 + 32] + bias_ih[v_i1 + 32] + (gemm0[v_i0, v_i1 + 32] + bias_hh[v_i1 + 32]))
