@@ -65,15 +65,15 @@ def timed(fn, device: str, warm: int = 3, reps: int = 10) -> float:
 
 
 def models(cell: str, T: int, H: int, device: str, dtype: torch.dtype, use_compile: bool,
-           allow_tf32: bool = False) -> dict:
+           allow_tf32: bool = False, recompute: bool = False) -> dict:
     """Name -> (forward, module holding its parameters): halstm first, then the baselines on the
     same parameters."""
     if cell in CUDNN:
         reference = CUDNN[cell](H, H).to(device, dtype)
-        ours = getattr(halstm.nn, cell)(H, H, allow_tf32=allow_tf32).to(device, dtype)
+        ours = getattr(halstm.nn, cell)(H, H, allow_tf32=allow_tf32, recompute=recompute).to(device, dtype)
         ours.load_state_dict(reference.state_dict())
         return {"halstm": (lambda x: ours(x)[0], ours), "cuDNN": (lambda x: reference(x)[0], reference)}
-    ours = halstm.nn.RNN(getattr(halstm, cell), H, H, allow_tf32=allow_tf32).to(device, dtype)
+    ours = halstm.nn.RNN(getattr(halstm, cell), H, H, allow_tf32=allow_tf32, recompute=recompute).to(device, dtype)
     step = torch_cell(cell, {n: getattr(ours, f"{n}_l0") for n in ours.cell.parameters()})
 
     def loop(x):
@@ -162,7 +162,8 @@ def profile(name: str, step, reps: int = 5, top: int = 12) -> None:
         print(f"    {us:9.1f} us  x{n // reps:<4d} {kernel[:100]}")
 
 
-def bench(cell: str, shape, dtype: torch.dtype, device: str, use_compile: bool, show: bool = False) -> dict:
+def bench(cell: str, shape, dtype: torch.dtype, device: str, use_compile: bool, show: bool = False,
+          recompute: bool = False) -> dict:
     T, B, H = shape
     x = torch.randn(T, B, H, device=device, dtype=dtype, requires_grad=True)
     dy = torch.randn(T, B, H, device=device, dtype=dtype)
@@ -170,16 +171,19 @@ def bench(cell: str, shape, dtype: torch.dtype, device: str, use_compile: bool, 
     if device == "cuda" and dtype == torch.float32:
         found["halstm TF32"] = models(cell, T, H, device, dtype, False, allow_tf32=True)["halstm"]
         found["halstm TF32"][1].load_state_dict(found["halstm"][1].state_dict())
+    if recompute:
+        found["halstm recompute"] = models(cell, T, H, device, dtype, False, recompute=True)["halstm"]
+        found["halstm recompute"][1].load_state_dict(found["halstm"][1].state_dict())
     row = {"cell": cell, "T": T, "B": B, "H": H, "dtype": str(dtype).replace("torch.", "")}
     t0 = time.time()
     training_step(found["halstm"], x, dy)()  # compiles the forward, the backward and its reversed loop
     row["halstm compile s"] = round(time.time() - t0, 1)
     for name, model in found.items():
         step = training_step(model, x, dy)
-        if name == "halstm TF32":
+        if name in ("halstm TF32", "halstm recompute"):
             t0 = time.time()
             step()
-            row["halstm TF32 compile s"] = round(time.time() - t0, 1)
+            row[f"{name} compile s"] = round(time.time() - t0, 1)
         if name == "torch.compile":
             t0 = time.time()
             step()
@@ -204,12 +208,15 @@ def table(rows, device_name: str) -> str:
     for r in rows:
         for base in ("cuDNN", "cuDNN fp32", "torch eager", "torch.compile"):
             ours = "halstm TF32" if base == "cuDNN" and "halstm TF32" in r else "halstm"
-            if base in r:
+            if base not in r:
+                continue
+            for ours in (ours, "halstm recompute") if ours == "halstm" and "halstm recompute" in r else (ours,):
                 lines.append(f"| {r['cell']} | {r['dtype']} | {r['T']} | {r['B']} | {r['H']} | {ours}: {r[ours]:.3f} | "
                              f"{r[ours + ' MB']} | {base} | {r[base]:.3f} | {r.get(base + ' MB')} | "
                              f"{r[base] / r[ours]:.2f} | {r.get(ours + ' compile s', r['halstm compile s'])} |")
     return "\n".join(lines) + ("\n\ncuDNN: torch's default (TF32 allowed in float32), beside halstm TF32 in float32; "
-                               "cuDNN fp32: TF32 off, beside exact halstm.\n")
+                               "cuDNN fp32: TF32 off, beside exact halstm. halstm recompute: the backward computes "
+                               "the input projections again (``recompute=True``) instead of taking the forward's.\n")
 
 
 def main() -> int:
@@ -221,6 +228,8 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true", help=f"T, B, H = {TINY[0]}, float32")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--profile", action="store_true", help="each step's kernels and host time (CUDA)")
+    ap.add_argument("--recompute", action="store_true",
+                    help="also halstm with recompute=True: the backward computes the input projections again")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.profile and args.device != "cuda":
@@ -239,7 +248,7 @@ def main() -> int:
                 label = "tf32" if allow_tf32 else dtype
                 checks.append((cell, label, err, err < (TF32_TOLERANCE if allow_tf32 else TOLERANCE[dtype])))
                 print("check", cell, label, f"{err:.1e}", "PASS" if checks[-1][-1] else "FAIL", flush=True)
-    rows = [bench(cell, shape, getattr(torch, dtype), args.device, not args.no_compile, args.profile)
+    rows = [bench(cell, shape, getattr(torch, dtype), args.device, not args.no_compile, args.profile, args.recompute)
             for shape in shapes for dtype in dtypes for cell in cells]
     text = "## Gradients against float64 (T, B, H = {}, {}, {})\n\n".format(*CHECK)
     text += "| cell | dtype | max relative error | within tolerance |\n|---|---|---|---|\n"

@@ -57,6 +57,7 @@ from .lowering import (
     _storage,
     _view,
     hoisted_rows,
+    hoisted_rows_dim,
     indent,
     stacked,
     steps_var,
@@ -95,6 +96,7 @@ class BackwardPlan:
     gathered: bool = True
     exact_weights: bool = False  # the weight gradients' GEMM operands in float32 whatever the dtype
     tf32: bool = False  # those operands rounded to TF32 (``_operand``)
+    given_hoisted: bool = False  # the hoisted GEMMs' results are arguments: the forward's, kept
 
     @property
     def cell(self) -> Cell:
@@ -126,8 +128,10 @@ class BackwardPlan:
         return AdjointCell(self.forward, self.gathered)
 
     def prepare_plan(self) -> Plan:
-        """The prepare function's GEMMs: the hoisted ones in its prologue, the first stage's in its step."""
-        return Plan(self.cell, self.forward.matmuls, self.forward.hoisted, self.forward.stages[:1])
+        """The prepare function's GEMMs: the hoisted ones in its prologue (unless given), the first
+        stage's in its step."""
+        hoisted = [] if self.given_hoisted else self.forward.hoisted
+        return Plan(self.cell, self.forward.matmuls, hoisted, self.forward.stages[:1])
 
     def rows_plan(self) -> Plan:
         """The rows function's GEMMs as recipes read a plan: the forward's later stages and the
@@ -141,12 +145,15 @@ class BackwardPlan:
         return Plan(self.cell, [], [], [self.after_loop])
 
     def __str__(self):
-        recomputed = ", ".join(g.name for g in self.forward.gemms if g.stage <= 1)
+        recomputed = ", ".join(g.name for g in self.forward.gemms if g.stage == 1 or g.stage == 0 and not self.given_hoisted)
+        given = ", ".join(g.name for g in self.forward.hoisted) if self.given_hoisted else ""
+        read = ", ".join(g.name for g in self.forward.gemms if g.stage <= 1)
         lines = [f"backward plan for {self.cell!r}",
-                 f"  prepare, over all T*B rows: {recomputed} recomputed; the adjoint cell's input, steps reversed",
+                 "  prepare, over all T*B rows: " + (f"{given} given (the forward's); " if given else "")
+                 + (f"{recomputed} recomputed; " if recomputed else "") + "the adjoint cell's input, steps reversed",
                  "  the reversed time loop (T + 1 steps), compiled as a cell: "
                  + str(make_plan(self.adjoint)).replace("\n", "\n  "),
-                 f"  rows, over all T*B rows: {recomputed} read from the adjoint cell's input"
+                 f"  rows, over all T*B rows: {read} read from the adjoint cell's input"
                  + (", the later stages' GEMMs recomputed" if len(self.forward.stages) > 1 else "")
                  + "; the step's adjoints from D_{t+1}"
                  + (", with" if self.each_step else "")]
@@ -227,6 +234,7 @@ def lower_backward(
     gathered: bool = True,
     exact_weights: bool = False,
     allow_tf32: bool = False,
+    given_hoisted: bool = False,
 ) -> BackwardProgram:
     """The backward of ``lower(cell, steps, batch, dtype, plan, layout)`` (unscheduled). Its weights
     are packed in ``layout``'s strips, (K, N) otherwise, the gates' columns in order: columns grouped
@@ -237,10 +245,13 @@ def lower_backward(
     gradients' GEMMs of LSTM (100,64,1024) took 0.9 ms each on an H100). ``gathered``:
     the reversed loop's operand GEMM one a first-stage GEMM, else one a gate (``AdjointCell``);
     ``exact_weights``: the weight gradients' GEMMs on float32 operands (``_between``);
-    ``allow_tf32``: float32 GEMMs may run on tensor cores as TF32 (``halstm.compile``'s).
+    ``allow_tf32``: float32 GEMMs may run on tensor cores as TF32 (``halstm.compile``'s);
+    ``given_hoisted``: prepare takes the hoisted GEMMs' results as arguments (the forward's, rows as
+    ``lowering.hoisted_rows``) instead of computing them again.
     ``steps=None``: for any T, each function's rows in its first argument ``STEPS`` (``n_steps``)."""
     k_major = bool(layout and layout.k_major and allow_tf32)
-    backward = BackwardPlan(plan or make_plan(cell), gathered, exact_weights, k_major and dtype == "float32")
+    backward = BackwardPlan(plan or make_plan(cell), gathered, exact_weights, k_major and dtype == "float32",
+                            given_hoisted)
     layout = PackedLayout(tile=layout.tile, k_major=k_major) if layout else PackedLayout()
     T = steps_var(steps)
     prepare = _prepare(backward, T, batch, dtype, layout)
@@ -310,7 +321,12 @@ def _prepare(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) ->
     args += [Arg(n, tuple(shape), dtype, "buffer") for n, shape in adjoint.parameters().items()
              if n not in cell.parameters()]
     rows = _hoisted_rows(T, B)[1]  # where T is any, padded as the forward's (``_prepare_prologue``)
-    allocs = [f'{g.name} = T.alloc_buffer(({rows}, {g.rows}), "{ACCUMULATE}")' for g in forward.hoisted]
+    if plan.given_hoisted:
+        padded = hoisted_rows_dim(None if _any(T) else T, B)
+        args += [Arg(g.name, (padded, g.rows), ACCUMULATE, "hoisted") for g in forward.hoisted]
+        allocs = []
+    else:
+        allocs = [f'{g.name} = T.alloc_buffer(({rows}, {g.rows}), "{ACCUMULATE}")' for g in forward.hoisted]
     allocs += [f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")' for i, g in first]
     prologue = [_body(_prepare_prologue(plan, T, B, dtype, layout))]
     views = [_view(f"{g.name}_t", g.name, "0", T * B, g.rows, ACCUMULATE) for g in forward.hoisted]
@@ -324,11 +340,12 @@ def _prepare(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) ->
 
 def _prepare_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
     """The hoisted GEMMs over all rows (where T is any, over the rows padded as the forward pads
-    them: ``lowering.hoisted_rows``), the first stage's weights packed, the adjoint's weights."""
+    them: ``lowering.hoisted_rows``) unless given, the first stage's weights packed, the adjoint's
+    weights."""
     cell, forward, adjoint = plan.cell, plan.forward, plan.adjoint
     x, states, params = placeholders(cell, T * B, dtype)
     hoisted = trace_hoisted(forward, _padded(x, _hoisted_rows(T, B)[0]) if _any(T) else x, states, params, layout)
-    outputs = [hoisted.gemms[g.name] for g in forward.hoisted]
+    outputs = [] if plan.given_hoisted else [hoisted.gemms[g.name] for g in forward.hoisted]
     outputs += [hoisted.packed[g.name] for g in forward.gemms if g.stage == 1]
     first = adjoint.transposed()
     later = {f"{m.weight}_t": params[m.weight] for g in forward.gemms if g.stage > 1 for m in g.members}

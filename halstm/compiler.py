@@ -93,7 +93,7 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
         schedule = recipe.apply(program, target, **knobs)
         if schedule is None:
             raise ValueError(f"recipe '{recipe.name}' does not apply to {cell!r} on {target}")
-        mod, scratch = lift_module(schedule.mod, target)
+        mod, scratch = lift_module(schedule.mod, target, kept=tuple(g.name for g in program.plan.hoisted))
         module = target.build(mod, **getattr(recipe, "build_options", {}))
         return CompiledCell(program, target, recipe, knobs, schedule, module, record, scratch.get("main", ()))
 

@@ -25,7 +25,7 @@ from .backward import BackwardProgram, lower_backward
 from .cell import Cell, placeholders, trace
 from .compiler import check_problem, serialised
 from .compiler import compile as compile_cell
-from .lowering import lower
+from .lowering import ACCUMULATE, lower
 from .oracle import _Evaluator
 from .plan import make_plan
 from .runtime import Arg, HostBuffers, Pack, as_frame, check_array, check_names, on_cpu, steps_of
@@ -35,7 +35,7 @@ from .scratch import lift_module
 @serialised
 def compile_backward(cell: Cell, steps: int | None, batch: int, dtype: str = "float32", target="cpu",
                      knobs: dict | None = None, database=None, allow_tf32: bool = False,
-                     loop_recipe=None) -> CompiledBackward:
+                     loop_recipe=None, given_hoisted: bool = False) -> CompiledBackward:
     """The backward of ``halstm.compile(cell, steps, batch, dtype, target)`` (``halstm.backward``):
     its reversed time loop, the adjoint cell, compiled as ``halstm.compile`` compiles a cell (the
     recipe the tuning ``database``'s records or the defaults choose: ``halstm tune --training``);
@@ -44,11 +44,15 @@ def compile_backward(cell: Cell, steps: int | None, batch: int, dtype: str = "fl
     the functions', on TF32 tensor cores. ``steps=None``: one backward for every sequence length, T
     read off each call's x (its reversed loop compiled for any T too, called for T + 1 steps).
     ``loop_recipe``: the reversed loop's recipe (a name or ``Recipe``), as ``halstm.compile``'s
-    ``recipe``; None: the database's records or the defaults choose."""
+    ``recipe``; None: the database's records or the defaults choose. ``given_hoisted``: the call
+    takes the forward's hoisted GEMM results (``hoisted=``, as ``CompiledCell.sequences_keeping``
+    keeps them) instead of computing them again: the forward keeps T*B rows of each (float32)
+    alive until the backward, and the backward does one GEMM over all rows less a hoisted GEMM."""
     check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)
     steps = None if steps is None else int(steps)
-    recipe, knobs, program, exact = _backward_programs(cell, steps, int(batch), dtype, target, knobs, allow_tf32)
+    recipe, knobs, program, exact = _backward_programs(cell, steps, int(batch), dtype, target, knobs, allow_tf32,
+                                                       given_hoisted)
     adjoint = compile_cell(program.adjoint, None if steps is None else steps + 1, int(batch), dtype, target,
                            recipe=loop_recipe, database=database, allow_tf32=allow_tf32)
     from . import cache
@@ -84,7 +88,7 @@ def lower_backward_for(cell: Cell, steps: int | None, batch: int, dtype: str, ta
 
 
 def _backward_programs(cell: Cell, steps: int | None, batch: int, dtype: str, target, knobs: dict | None,
-                       allow_tf32: bool):
+                       allow_tf32: bool, given_hoisted: bool = False):
     """(recipe, knobs, BackwardProgram, the exact program's lowering or None) for ``compile_backward``:
     the target's step-loop recipe and its knobs, the backward lowered in its layout, its reversed
     loop's operand GEMMs one a gate where the persistent kernel runs it in fp16/bf16 (each polling a
@@ -103,12 +107,13 @@ def _backward_programs(cell: Cell, steps: int | None, batch: int, dtype: str, ta
     layout = recipe.layout(forward, target, knobs)
     on_tensor_cores = target.kind == "cuda" and (dtype != "float32" or allow_tf32)
     gathered = reversed_loop(cell, steps, batch, dtype, target, plan, allow_tf32).gathered
-    program = lower_backward(cell, steps, batch, dtype, plan, layout, gathered, allow_tf32=allow_tf32)
+    program = lower_backward(cell, steps, batch, dtype, plan, layout, gathered, allow_tf32=allow_tf32,
+                             given_hoisted=given_hoisted)
     if not on_tensor_cores:
         return recipe, knobs, program, None
     exact_options = dict(allow_tf32=False) if dtype == "float32" else dict(exact_weights=True)
     return recipe, knobs, program, lambda: lower_backward(cell, steps, batch, dtype, plan, layout, gathered,
-                                                          **exact_options)
+                                                          given_hoisted=given_hoisted, **exact_options)
 
 
 def reversed_loop(cell: Cell, steps: int | None, batch: int, dtype: str, target, plan=None,
@@ -166,8 +171,8 @@ class CompiledBackward:
         longest = min(p.longest, self.adjoint.signature.longest - 1)  # the reversed loop runs T + 1 steps
         return steps_of(x, p.batch, p.plan.cell.input_size, p.dtype, longest)
 
-    def __call__(self, x, params: dict, seqs: dict, grads: dict | None = None):
-        buffers, finish, plan, frame = self._bind(x, params, seqs, grads, reuse=True)
+    def __call__(self, x, params: dict, seqs: dict, grads: dict | None = None, hoisted: dict | None = None):
+        buffers, finish, plan, frame = self._bind(x, params, seqs, grads, hoisted, reuse=True)
 
         def run():
             for function, args in plan.calls:
@@ -178,10 +183,10 @@ class CompiledBackward:
         frame.release()  # the pack's buffers, done with (the results have their own)
         return done
 
-    def prepare(self, x, params: dict, seqs: dict, grads: dict | None = None):
+    def prepare(self, x, params: dict, seqs: dict, grads: dict | None = None, hoisted: dict | None = None):
         """Check the arguments and allocate the buffers once; returns a function that runs the four
         compiled functions and waits for the device, as benchmarks time the kernels alone."""
-        buffers, _, plan, frame = self._bind(x, params, seqs, grads)
+        buffers, _, plan, frame = self._bind(x, params, seqs, grads, hoisted)
         calls = [(function, args(buffers)) for function, args in plan.calls]
 
         def run():
@@ -200,7 +205,7 @@ class CompiledBackward:
     def _host_buffers(self) -> HostBuffers:
         return HostBuffers()
 
-    def _bind(self, x, params: dict, seqs: dict, grads: dict | None, reuse: bool = False):
+    def _bind(self, x, params: dict, seqs: dict, grads: dict | None, hoisted: dict | None, reuse: bool = False):
         """A call's buffers by slot (``_CallPlan``), the caller's arrays checked and shared, the rest
         allocated; the function that returns (dx, dparams, dstates) after the call; the call plan;
         the frame. A call's host time beyond its kernels, torch tensors, LSTM T=5 B=2 H=16 float32 on the 2-core
@@ -215,6 +220,11 @@ class CompiledBackward:
         params = check_names(params, "params", plan.param_names, required=True)
         seqs = check_names(seqs, "seqs", plan.state_names, required=True)
         grads = check_names(grads or {}, "grads", plan.state_names, required=False)
+        if plan.hoisted_names:
+            hoisted = check_names(hoisted or {}, "hoisted", plan.hoisted_names, required=True)
+        elif hoisted:
+            raise ValueError("hoisted: this backward computes the hoisted GEMMs' results itself "
+                             "(compile_backward(..., given_hoisted=True) takes them)")
         buffers = [None] * plan.count
         for slot, value in plan.numbers:  # T, T + 1: the sequence lengths of a backward for any T
             buffers[slot] = value
@@ -224,12 +234,12 @@ class CompiledBackward:
             buffers[slot] = value
         for slot, arg in plan.results:
             buffers[slot] = frame.new(arg, zeros=False)
-        sources, share = {"x": {"x": x}, "params": params, "seqs": seqs, "grads": grads}, frame.share
+        sources, share = {"x": {"x": x}, "params": params, "seqs": seqs, "grads": grads, "hoisted": hoisted}, frame.share
         for slot, where, key, what, shape, view in plan.given:
             source = sources[where]
             if key in source:
                 value = source[key]
-                check_array(value, what, shape, dtype)
+                check_array(value, what, shape, ACCUMULATE if where == "hoisted" else dtype)
                 buffers[slot] = share(value if view is None else value.reshape(view))
             else:
                 buffers[slot] = buffers[plan.no_gradient]
@@ -275,7 +285,10 @@ class _CallPlan:
         callers = {"x": ("x", "x", "x", (T, B, cell.input_size)),  # buffer -> (where, key, name in errors, shape)
                    **{n: ("params", n, f"params['{n}']", tuple(shape)) for n, shape in cell.parameters().items()},
                    **{f"{s}_seq": ("seqs", s, f"seqs['{s}']", sequence) for s in cell.states},
-                   **{f"g{s}_seq": ("grads", s, f"grads['{s}']", sequence) for s in cell.states}}
+                   **{f"g{s}_seq": ("grads", s, f"grads['{s}']", sequence) for s in cell.states},
+                   **{a.name: ("hoisted", a.name, f"hoisted['{a.name}']", a.at(T).shape)
+                      for a in p.args if a.role == "hoisted"}}
+        self.hoisted_names = {a.name for a in p.args if a.role == "hoisted"}
         results = {"dx", *(f"d{n}" for n in cell.parameters()), *(f"d{s}_seq" for s in cell.states)}
         from_adjoint = {a.name for a in adjoint.signature.args if a.role == "output"}
         # (slot, where, key, name in errors, shape expected, shape passed or None where the same)

@@ -475,6 +475,15 @@ def hoisted_rows(steps: int | None, batch: int):
     return expr, f"({STEPS} * {batch} + {q - 1}) // {q} * {q}"
 
 
+def hoisted_rows_dim(steps: int | None, batch: int):
+    """``hoisted_rows`` as an argument's dimension (``runtime.dimension``'s: an int, or where T is
+    any, an expression of T)."""
+    if steps is not None:
+        return steps * batch
+    q = ROW_QUANTUM
+    return ("*", ("//", ("+", ("*", "T", batch), q - 1), q), q)
+
+
 def sequence_rows(steps: int | None, batch: int, ahead: int = 0):
     """The rows of a sequence buffer over ``steps`` (+ ``ahead``) steps of ``batch`` rows: a number,
     or TVMScript's text of it in ``STEPS`` where T is any."""
@@ -533,9 +542,23 @@ def _parameter(arg: Arg) -> str:
     """An argument as the signature declares it (rows in ``STEPS`` where T is any)."""
     if arg.role == "steps":
         return f"{arg.name}: T.{arg.dtype}"
-    shape = arg.shape if arg.extra_steps is None else (sequence_rows(None, *arg.shape[:1], arg.extra_steps),
-                                                        *arg.shape[1:])
+    if arg.extra_steps is not None:
+        shape = f"({sequence_rows(None, *arg.shape[:1], arg.extra_steps)}, {', '.join(map(str, arg.shape[1:]))})"
+    else:
+        shape = f"({', '.join(_script(d) for d in arg.shape)},)"
     return f'{arg.name}: T.Buffer({shape}, "{arg.dtype}")'
+
+
+def _script(dim) -> str:
+    """A dimension (``runtime.dimension``'s: an int, "T", or (operator, left, right)) in TVMScript."""
+    if type(dim) is int:
+        return str(dim)
+    if dim == "T":
+        return STEPS
+    op, left, right = dim
+    if op in ("min", "max"):
+        return f"T.{op}({_script(left)}, {_script(right)})"
+    return f"({_script(left)} {op} {_script(right)})"
 
 
 def indent(lines, n: int) -> str:

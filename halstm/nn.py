@@ -34,6 +34,11 @@ from .compiler import BUILD_LOCK, compile as compile_cell
 from .gradients import compile_backward
 from .lowering import cell_hash
 
+def _compile_backward_given(cell, steps, batch, dtype, target, allow_tf32: bool = False):
+    """``compile_backward`` taking the forward's hoisted GEMM results (``given_hoisted``)."""
+    return compile_backward(cell, steps, batch, dtype, target, allow_tf32=allow_tf32, given_hoisted=True)
+
+
 # The op's key names a cell definition (its lowered expressions' hash, and _TF32_SUFFIX with allow_tf32), so
 # that layers and modules with the same cell share compiled functions, and a key never refers to another
 # cell.
@@ -43,7 +48,8 @@ _COMPILED: dict[tuple, object] = {}  # (compiler, key, T or None, B, dtype, devi
 # the compilers whose functions serve every sequence length, by device type. H200, LSTM (100,16,512),
 # (100,64,1024) and (100,256,1024), a backward for any T against one compiled for T=100: fp16 1.04-1.06x
 # the time, TF32 1.05-1.08x (benchmarks/any_steps.py --backward); exact float32 1.03-1.07x
-_ANY_STEPS = {"cpu": {compile_cell, compile_backward}, "cuda": {compile_cell, compile_backward}}
+_ANY_STEPS = {"cpu": {compile_cell, compile_backward, _compile_backward_given},
+              "cuda": {compile_cell, compile_backward, _compile_backward_given}}
 # Device types where a batch with lengths runs each sequence to its own length (``_by_length_run``):
 # where a step's time grows with its rows. A GPU's step is bound by its latency, not its rows, and
 # runs every sequence all T steps: H100, LSTM fp16 (512,64,512) forward, lengths uniform in [1, T],
@@ -77,13 +83,23 @@ def _sequences(key: str, x: torch.Tensor, states, params) -> list[torch.Tensor]:
     return [seqs[s] for s in cell.states]
 
 
-def _gradients(key: str, x: torch.Tensor, params, seqs, grads) -> list[torch.Tensor]:
-    """[dx, d initial state per state, d parameter per parameter] of one layer direction, given its
-    state sequences and the gradients with respect to them (None where a state has none)."""
+def _sequences_keeping(key: str, x: torch.Tensor, states, params) -> tuple[list[torch.Tensor], dict]:
+    """``_sequences``, and the hoisted GEMMs' results by name, for the backward to read."""
     cell = _CELLS[key]
-    f = _compiled(compile_backward, key, x)
+    f = _compiled(compile_cell, key, x)
+    seqs, kept = f.sequences_keeping(x, dict(zip(cell.parameters(), params)), dict(zip(cell.states, states)),
+                                     [g.name for g in f.plan.hoisted])
+    return [seqs[s] for s in cell.states], kept
+
+
+def _gradients(key: str, x: torch.Tensor, params, seqs, grads, hoisted: dict | None = None) -> list[torch.Tensor]:
+    """[dx, d initial state per state, d parameter per parameter] of one layer direction, given its
+    state sequences and the gradients with respect to them (None where a state has none);
+    ``hoisted``: the forward's hoisted GEMM results (``_sequences_keeping``), else recomputed."""
+    cell = _CELLS[key]
+    f = _compiled(compile_backward if hoisted is None else _compile_backward_given, key, x)
     dx, dparams, dstates = f(x, dict(zip(cell.parameters(), params)), dict(zip(cell.states, seqs)),
-                             {s: g for s, g in zip(cell.states, grads) if g is not None})
+                             {s: g for s, g in zip(cell.states, grads) if g is not None}, hoisted)
     return [dx, *(dstates[s] for s in cell.states), *(dparams[n] for n in cell.parameters())]
 
 
@@ -136,14 +152,19 @@ torch.library.register_autograd("halstm::sequence_backward", _no_second_derivati
 class _Sequence(torch.autograd.Function):
     """``halstm::sequence`` and its backward outside ``torch.compile``: the compiled functions called
     directly, without the ops' dispatch, argument flattening and generated autograd node.
-    ``apply(key, number of states, x, *states, *params)``. A training step's host time, one layer,
+    ``apply(key, number of states, keep, x, *states, *params)``; with ``keep``, a forward whose
+    backward will run keeps its hoisted GEMMs' results for it (``RNN``'s ``recompute``). A training step's host time, one layer,
     LSTM T=5 B=2 H=16 float32 on the 2-core CPU (``TVM_NUM_THREADS=1 python
     benchmarks/call_overhead.py LSTM 5,2,16 --training --reps 3000``, three runs): 337-391 us,
     596-684 us through the ops."""
 
     @staticmethod
-    def forward(ctx, key, count, x, *tensors):
-        seqs = _sequences(key, x, tensors[:count], tensors[count:])
+    def forward(ctx, key, count, keep, x, *tensors):
+        ctx.hoisted = None
+        if keep and any(ctx.needs_input_grad):
+            seqs, ctx.hoisted = _sequences_keeping(key, x, tensors[:count], tensors[count:])
+        else:
+            seqs = _sequences(key, x, tensors[:count], tensors[count:])
         ctx.key = key
         ctx.set_materialize_grads(False)  # a state without a gradient: None, left out of the backward's grads
         ctx.save_for_backward(x, *tensors[count:], *seqs)
@@ -153,16 +174,19 @@ class _Sequence(torch.autograd.Function):
     def backward(ctx, *grads):
         x, *saved = ctx.saved_tensors
         n_params = len(saved) - len(grads)
-        # under create_graph, through the op, whose own backward refuses a second derivative
-        gradients = sequence_backward_op if torch.is_grad_enabled() else _gradients
-        return None, None, *gradients(ctx.key, x, saved[:n_params], saved[n_params:], list(grads))
+        if torch.is_grad_enabled():  # under create_graph, through the op, whose own backward refuses a second derivative
+            gradients = sequence_backward_op(ctx.key, x, saved[:n_params], saved[n_params:], list(grads))
+        else:
+            gradients = _gradients(ctx.key, x, saved[:n_params], saved[n_params:], list(grads), ctx.hoisted)
+        return None, None, None, *gradients
 
 
-def _run(key, x, states, params) -> list[torch.Tensor]:
-    """A layer direction's state sequences, through the ops while ``torch.compile`` traces."""
+def _run(key, x, states, params, keep: bool = True) -> list[torch.Tensor]:
+    """A layer direction's state sequences, through the ops while ``torch.compile`` traces (whose
+    backward computes the hoisted GEMMs again); ``keep``: see ``_Sequence``."""
     if torch.compiler.is_compiling():
         return sequence_op(key, x, states, params)
-    return _Sequence.apply(key, len(states), x, *states, *params)
+    return _Sequence.apply(key, len(states), keep, x, *states, *params)
 
 
 def _target(device: torch.device):
@@ -177,17 +201,20 @@ class RNN(torch.nn.Module):
     """A multi-layer, optionally bidirectional recurrent network of ``cell_type`` cells. With
     ``bias=False`` the cell's bias terms (``Cell.bias_parameters``) are zero and not parameters.
     ``allow_tf32=True`` lets float32 GEMMs, forward and backward, run on CUDA tensor cores as TF32
-    (``halstm.compile``'s ``allow_tf32``; cuDNN's float32 default); without it float32 is exact."""
+    (``halstm.compile``'s ``allow_tf32``; cuDNN's float32 default); without it float32 is exact.
+    While training, each layer direction's forward keeps its hoisted GEMMs' results (T*B rows of
+    the input projections, float32) for the backward; ``recompute=True`` has the backward compute
+    them again instead: less memory between the passes, one GEMM over all rows more."""
 
     def __init__(self, cell_type, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-                 device=None, dtype=None, allow_tf32: bool = False):
+                 device=None, dtype=None, allow_tf32: bool = False, recompute: bool = False):
         super().__init__()
         if num_layers < 1 or not 0 <= dropout <= 1:
             raise ValueError(f"num_layers must be >= 1 and dropout in [0, 1], got {num_layers}, {dropout}")
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
-        self.bidirectional, self.allow_tf32 = bidirectional, bool(allow_tf32)
+        self.bidirectional, self.allow_tf32, self.recompute = bidirectional, bool(allow_tf32), bool(recompute)
         self.directions = 2 if bidirectional else 1
         self._layers = []  # per layer direction, in torch's order: (key, cell, ((parameter name, shape), ...))
         for layer in range(num_layers):
@@ -214,7 +241,8 @@ class RNN(torch.nn.Module):
     def extra_repr(self):
         return (f"{self.cell.name}, {self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
                 f"bias={self.bias}, batch_first={self.batch_first}, dropout={self.dropout}, "
-                f"bidirectional={self.bidirectional}" + (", allow_tf32=True" if self.allow_tf32 else ""))
+                f"bidirectional={self.bidirectional}" + (", allow_tf32=True" if self.allow_tf32 else "")
+                + (", recompute=True" if self.recompute else ""))
 
     def forward(self, input, hx=None, lengths=None):
         """``input`` (T, B, I) (or (B, T, I) with batch_first, (T, I) for one sequence, or a
@@ -243,7 +271,7 @@ class RNN(torch.nn.Module):
                 key, cell, names = self._layers[index]
                 params = [self._param(name, shape, x) for name, shape in names]
                 source = _reverse(x, lengths) if direction else x
-                out, ends = _layer_direction(key, source, initial[index], params, lengths, calls)
+                out, ends = _layer_direction(key, source, initial[index], params, lengths, calls, not self.recompute)
                 outputs.append(_reverse(out, lengths) if direction else out)
                 for s, end in zip(cell.states, ends):
                     finals[s].append(end)
@@ -319,17 +347,17 @@ def _calls(lengths, x):
     return None if calls == [(0, T, B)] else (order, calls)
 
 
-def _layer_direction(key, x, states, params, lengths, calls):
+def _layer_direction(key, x, states, params, lengths, calls, keep: bool = True):
     """A layer direction over x (T, B, I): its output (T, B, H), zero past each sequence's length,
     and each state after the sequence's last step. With ``lengths`` and their ``calls``, where the
     functions serve any sequence length (``_by_length``), each sequence stops at its own length;
-    otherwise every one runs all T steps and the outputs past its length are masked by the caller."""
+    otherwise every one runs all T steps and the outputs past its length are masked by the caller.
+    ``keep``: see ``_Sequence``."""
     cell = _CELLS[key]
     T, B = x.shape[:2]
     if calls is not None and _by_length(x, states, params):
-        return _by_length_run(key, x, states, params, lengths, *calls)
-    run = _run if B else _empty_sequences  # an empty batch: nothing to compile or run
-    seqs = run(key, x.contiguous(), states, params)
+        return _by_length_run(key, x, states, params, lengths, *calls, keep)
+    seqs = _run(key, x.contiguous(), states, params, keep) if B else _empty_sequences(key, x, states, params)
     return seqs[cell.states.index(cell.output)][1:], [_at_lengths(seq, lengths, T) for seq in seqs]
 
 
@@ -369,7 +397,7 @@ def segments(lengths: list[int], batch: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _by_length_run(key, x, states, params, lengths, order, calls):
+def _by_length_run(key, x, states, params, lengths, order, calls, keep: bool = True):
     """``_layer_direction`` with each sequence stopping at its own length: the batch in order of
     length, longest first, run in ``calls`` (its ``segments``), each over the rows still running
     (rounded up to a ``bucket``; the extra rows' results dropped) from the states the last call
@@ -382,7 +410,7 @@ def _by_length_run(key, x, states, params, lengths, order, calls):
     ends = [torch.zeros_like(s) for s in state]
     out, output = x.new_empty((T, B, cell.hidden_size)), cell.states.index(cell.output)
     for t0, t1, rows in calls:
-        seqs = _run(key, x[t0:t1].index_select(1, order[:rows]), [s[:rows] for s in state], params)
+        seqs = _run(key, x[t0:t1].index_select(1, order[:rows]), [s[:rows] for s in state], params, keep)
         running = L[:rows]
         out[t0:t1].index_copy_(1, order[:rows], seqs[output][1:])
         ended = ((t0 < running) & (running <= t1))[:, None]

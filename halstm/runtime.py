@@ -168,9 +168,22 @@ class SequenceFunction:
 
     def sequences(self, x, params: dict, states: dict | None = None) -> dict:
         """Every state at every step: (T + 1, B, H) by name, the initial state first."""
-        run, finish, _ = self._bind(x, params, states)
+        run, finish, frame = self._bind(x, params, states, reuse=True)
         run()
-        return finish()
+        done = finish()
+        frame.release()
+        return done
+
+    def sequences_keeping(self, x, params: dict, states: dict | None, names) -> tuple[dict, dict]:
+        """``sequences``, and the scratch buffers ``names`` by name as the call left them (the hoisted
+        GEMMs' results, which ``compile_backward(..., given_hoisted=True)`` reads), each the call's own."""
+        unknown = set(names) - {a.name for a in self.scratch}
+        if unknown:
+            raise ValueError(f"no scratch buffer {sorted(unknown)} to keep: this function's are "
+                             f"{[a.name for a in self.scratch]}")
+        run, finish, frame = self._bind(x, params, states)
+        run()
+        return finish(), {n: frame.result(finish.scratch[n]) for n in names}
 
     def prepare(self, x, params: dict, states: dict | None = None):
         """Check and convert the arguments once; returns a function that runs the kernel and waits
@@ -183,9 +196,15 @@ class SequenceFunction:
 
         return timed
 
-    def _bind(self, x, params: dict, states: dict | None):
+    @functools.cached_property
+    def _host_buffers(self) -> HostBuffers:
+        return HostBuffers()
+
+    def _bind(self, x, params: dict, states: dict | None, reuse: bool = False):
         """The call with its arguments checked and bound in order (outputs allocated), the function
-        that returns the state sequences after it, and the frame. A call's host time beyond the
+        that returns the state sequences after it (its ``scratch``: the scratch buffers by name), and
+        the frame. With ``reuse``, on the CPU the scratch buffers are one of ``_host_buffers``'
+        allocations, which ``frame.release()`` gives back. A call's host time beyond the
         prepared call, torch tensors, LSTM T=2 B=2 H=8 on the 2-core CPU machine (``python
         benchmarks/call_overhead.py LSTM 2,2,8 float32 --device cpu --reps 5000``, three runs): 21.2-21.9
         us, 28.1-28.5 before the argument plan (``_slots``), the cached dtype names and the shares that
@@ -214,11 +233,13 @@ class SequenceFunction:
                 t = frame.new(arg, zeros=arg.role == "state")
                 outputs[arg.name] = t
             tensors.append(t)
-        if self.scratch:
-            tensors += frame.new_all(self.scratch_pack(T))
+        scratch = frame.new_all(self.scratch_pack(T), reuse=self._host_buffers if reuse and self._cpu else None)
+        tensors += scratch
 
         def finish():
             return {s: frame.result(outputs[s + "_seq"]).reshape(T + 1, B, H) for s in sig.states}
+
+        finish.scratch = {a.name: t for a, t in zip(self.scratch, scratch)}
 
         return frame.on_device(functools.partial(self._main, *tensors)), finish, frame
 

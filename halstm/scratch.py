@@ -26,9 +26,10 @@ _OPS = {tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*", tirx.FloorDiv: "//", tirx.F
         tirx.Min: "min", tirx.Max: "max"}
 
 
-def lift(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, tuple[Arg, ...]]:
+def lift(func: tirx.PrimFunc, only: tuple = None) -> tuple[tirx.PrimFunc, tuple[Arg, ...]]:
     """``func`` with every global-scope buffer it allocates (an ``AllocBuffer`` statement or a
-    block's ``alloc_buffers``) as a trailing parameter, and those parameters' ``Arg``s in order.
+    block's ``alloc_buffers``; with ``only``, those of these names) as a trailing parameter, and
+    those parameters' ``Arg``s in order.
     For a scheduled function about to be built: blocks keep their read and write regions as they
     were (a buffer a block allocates is not among them). A global buffer allocated inside a
     parallel or thread-bound loop, one a task, is refused: one parameter would be shared by all."""
@@ -36,7 +37,7 @@ def lift(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, tuple[Arg, ...]]:
     concurrent = [0]  # parallel and thread-bound loops around the node being visited
 
     def take(buffer) -> bool:
-        if buffer.scope() != "global":
+        if buffer.scope() != "global" or (only is not None and buffer.name not in only):
             return False
         if concurrent[0]:
             raise ValueError(f"buffer '{buffer.name}': a global buffer allocated inside a parallel or "
@@ -84,14 +85,17 @@ def lift(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, tuple[Arg, ...]]:
     return tirx.PrimFunc([*func.params, *lifted], body, func.ret_type, func.attrs), tuple(args)
 
 
-def lift_module(mod: tvm.IRModule, target) -> tuple[tvm.IRModule, dict[str, tuple[Arg, ...]]]:
+def lift_module(mod: tvm.IRModule, target, kept: tuple = ()) -> tuple[tvm.IRModule, dict[str, tuple[Arg, ...]]]:
     """``lift`` of each function of ``mod`` where ``target.lifts_scratch`` (the CUDA target; a target
-    without the attribute keeps TVM's workspace); the lifted ``Arg``s by function name."""
-    if not getattr(target, "lifts_scratch", False):
+    without the attribute keeps TVM's workspace but for the buffers named in ``kept``: those a
+    caller may keep after the call, ``SequenceFunction.sequences_keeping``); the lifted ``Arg``s by
+    function name."""
+    only = None if getattr(target, "lifts_scratch", False) else tuple(kept)
+    if only == ():
         return mod, {}
     out, scratch = tvm.IRModule({}, attrs=mod.attrs), {}
     for gvar, func in mod.functions.items():
-        out[gvar], scratch[gvar.name_hint] = lift(func)
+        out[gvar], scratch[gvar.name_hint] = lift(func, only)
     return out, scratch
 
 

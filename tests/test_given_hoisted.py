@@ -1,0 +1,124 @@
+"""A backward that takes the forward's hoisted GEMM results (``compile_backward(..., given_hoisted=True)``,
+``SequenceFunction.sequences_keeping``) instead of computing them again: the same gradients as the
+float64 derivation, for fixed and any T, cells with a layer norm and with x read in the step; its
+arguments checked; its CUDA code compiled by nvcc; on a GPU, against float64.
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+from conftest import NUMPY_DTYPE, TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
+from test_backward import sequence_grads
+from test_backward_x import SharedInput
+
+import halstm
+from halstm.gradients import compile_backward, reference_backward
+from halstm.targets import CudaTarget
+
+CELLS = [halstm.LSTM, halstm.GRU, halstm.LayerNormLSTM, SharedInput]
+
+
+def _kept(forward):
+    return [g.name for g in forward.plan.hoisted]
+
+
+def _problem(cell, T, B, rng, dtype="float32"):
+    x, params, states = random_inputs(cell, T, B, rng, dtype)
+    gy, finals = rng.standard_normal((T, B, cell.hidden_size)), {s: rng.standard_normal((B, cell.hidden_size))
+                                                                 for s in cell.states}
+    want = reference_backward(cell, x, upcast(params), upcast(states), sequence_grads(cell, gy, finals))
+    return x, params, states, sequence_grads(cell, gy, finals, NUMPY_DTYPE[dtype]), want
+
+
+def _assert_close(got, want, tolerance):
+    for part, expected in zip(got, want):
+        if isinstance(expected, dict):
+            for name, value in expected.items():
+                assert rel_err(np.asarray(part[name], np.float64), value) < tolerance, name
+        else:
+            assert rel_err(np.asarray(part, np.float64), expected) < tolerance, "x"
+
+
+@pytest.mark.parametrize("steps", [5, None], ids=["T5", "any-T"])
+@pytest.mark.parametrize("cell_type", CELLS, ids=lambda c: c.__name__)
+def test_given_hoisted_matches_float64(cell_type, steps, rng):
+    cell = cell_type(6, 6) if cell_type is SharedInput else cell_type(5, 8)
+    forward = halstm.compile(cell, steps, 3, "float32")
+    backward = compile_backward(cell, steps, 3, "float32", given_hoisted=True)
+    assert "given (the forward's)" in str(backward.program.plan)
+    for T in (5,) if steps else (5, 2):
+        x, params, states, grads, want = _problem(cell, T, 3, rng)
+        seqs, kept = forward.sequences_keeping(x, params, states, _kept(forward))
+        _assert_close(backward(x, params, seqs, grads, hoisted=kept), want, TOLERANCE["float32"])
+
+
+def test_given_hoisted_arguments_are_checked(rng):
+    cell = halstm.LSTM(5, 8)
+    forward = halstm.compile(cell, None, 3, "float32")
+    given = compile_backward(cell, None, 3, "float32", given_hoisted=True)
+    recomputing = compile_backward(cell, None, 3, "float32")
+    x, params, states, grads, _ = _problem(cell, 4, 3, rng)
+    seqs, kept = forward.sequences_keeping(x, params, states, ["x_proj0"])
+    assert kept["x_proj0"].shape == (128, 32)  # T*B rows padded to 128, as the forward pads them
+    with pytest.raises(KeyError, match=r"hoisted: missing \['x_proj0'\]"):
+        given(x, params, seqs, grads)
+    with pytest.raises(ValueError, match=r"hoisted\['x_proj0'\].*shape"):
+        given(x, params, seqs, grads, hoisted={"x_proj0": kept["x_proj0"][:64]})
+    with pytest.raises(ValueError, match="computes the hoisted GEMMs' results itself"):
+        recomputing(x, params, seqs, grads, hoisted=kept)
+    with pytest.raises(ValueError, match="no scratch buffer"):
+        forward.sequences_keeping(x, params, states, ["gemm7"])
+
+
+def test_kept_results_are_the_calls_own(rng):
+    """Two forward calls keep two buffers: the first call's results survive the second."""
+    cell = halstm.GRU(5, 8)
+    forward = halstm.compile(cell, None, 3, "float32")
+    x1, params, states, _, _ = _problem(cell, 4, 3, rng)
+    _, first = forward.sequences_keeping(x1, params, states, ["x_proj0"])
+    before = np.array(first["x_proj0"][:12])
+    forward.sequences_keeping(x1[::-1].copy(), params, states, ["x_proj0"])
+    np.testing.assert_array_equal(first["x_proj0"][:12], before)
+    np.testing.assert_allclose(before, x1.reshape(12, 5) @ params["weight_ih"].T, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("dtype, batch", [("float16", 64), ("float32", 16)])
+def test_given_hoisted_generates_cuda(dtype, batch, tmp_path):
+    """The hoisted results as prepare's arguments, its hoisted GEMM gone; nvcc compiles the rest."""
+    h100 = CudaTarget("sm_90", sms=132)
+    cell = halstm.LSTM(64, 64)
+    given = compile_backward(cell, None, batch, dtype, target=h100, given_hoisted=True)
+    recomputing = compile_backward(cell, None, batch, dtype, target=h100)
+    assert [a.name for a in given.program.prepare.args if a.role == "hoisted"] == ["x_proj0"]
+    assert not any(a.role == "hoisted" for a in recomputing.program.prepare.args)
+    forward = halstm.compile(cell, None, batch, dtype, target=h100)
+    kept = next(a for a in forward.scratch if a.name == "x_proj0")
+    taken = next(a for a in given.program.prepare.args if a.name == "x_proj0")
+    assert (kept.shape, kept.dtype) == (taken.shape, taken.dtype)
+    assert_nvcc_compiles(given.module.mod.imports[0].inspect_source(), tmp_path)
+
+
+GPU = [(halstm.LSTM, "float16", (20, 16, 256)), (halstm.GRU, "float32", (20, 16, 256)),
+       (halstm.LSTM, "float16", (7, 64, 128)), (halstm.LayerNormLSTM, "float16", (5, 16, 32))]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
+@pytest.mark.parametrize("cell_type, dtype, shape", GPU, ids=["{}-{}-T{}-B{}-H{}".format(c.__name__, d, *s)
+                                                              for c, d, s in GPU])
+def test_given_hoisted_on_gpu_against_float64(cell_type, dtype, shape, rng):
+    import torch
+
+    T, B, H = shape
+    cell, target = cell_type(H, H), CudaTarget.detect()
+    forward = halstm.compile(cell, None, B, dtype, target=target)
+    backward = compile_backward(cell, None, B, dtype, target=target, given_hoisted=True)
+    x, params, states, grads, want = _problem(cell, T, B, rng, dtype)
+    gpu = lambda d: {k: torch.from_numpy(np.asarray(v)).cuda() for k, v in d.items()}
+    x_gpu, params_gpu = torch.from_numpy(x).cuda(), gpu(params)
+    seqs, kept = forward.sequences_keeping(x_gpu, params_gpu, gpu(states), _kept(forward))
+    got = backward(x_gpu, params_gpu, seqs, gpu(grads), hoisted=kept)
+    host = (got[0].float().cpu().numpy(), *({k: v.float().cpu().numpy() for k, v in part.items()} for part in got[1:]))
+    _assert_close(host, want, TOLERANCE[dtype])
