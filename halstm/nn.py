@@ -75,27 +75,23 @@ def _compiled(compiler, key: str, x: torch.Tensor):
     return f
 
 
-def _sequences(key: str, x: torch.Tensor, states, params) -> list[torch.Tensor]:
-    """Every state of one layer direction at every step: a (T + 1, B, H) tensor per state."""
+def _sequences(key: str, x: torch.Tensor, states, params, keep: bool = False) -> tuple[list[torch.Tensor], dict | None]:
+    """Every state of one layer direction at every step: a (T + 1, B, H) tensor per state; with
+    ``keep``, the hoisted GEMMs' results by name too, for the backward to read (else None)."""
     cell = _CELLS[key]
     f = _compiled(compile_cell, key, x)
-    seqs = f.sequences(x, dict(zip(cell.parameters(), params)), dict(zip(cell.states, states)))
-    return [seqs[s] for s in cell.states]
-
-
-def _sequences_keeping(key: str, x: torch.Tensor, states, params) -> tuple[list[torch.Tensor], dict]:
-    """``_sequences``, and the hoisted GEMMs' results by name, for the backward to read."""
-    cell = _CELLS[key]
-    f = _compiled(compile_cell, key, x)
-    seqs, kept = f.sequences_keeping(x, dict(zip(cell.parameters(), params)), dict(zip(cell.states, states)),
-                                     [g.name for g in f.plan.hoisted])
+    params, states = dict(zip(cell.parameters(), params)), dict(zip(cell.states, states))
+    if keep:
+        seqs, kept = f.sequences_keeping(x, params, states, [g.name for g in f.plan.hoisted])
+    else:
+        seqs, kept = f.sequences(x, params, states), None
     return [seqs[s] for s in cell.states], kept
 
 
 def _gradients(key: str, x: torch.Tensor, params, seqs, grads, hoisted: dict | None = None) -> list[torch.Tensor]:
     """[dx, d initial state per state, d parameter per parameter] of one layer direction, given its
     state sequences and the gradients with respect to them (None where a state has none);
-    ``hoisted``: the forward's hoisted GEMM results (``_sequences_keeping``), else recomputed."""
+    ``hoisted``: the forward's hoisted GEMM results (``_sequences``' with ``keep``), else recomputed."""
     cell = _CELLS[key]
     f = _compiled(compile_backward if hoisted is None else _compile_backward_given, key, x)
     dx, dparams, dstates = f(x, dict(zip(cell.parameters(), params)), dict(zip(cell.states, seqs)),
@@ -106,7 +102,7 @@ def _gradients(key: str, x: torch.Tensor, params, seqs, grads, hoisted: dict | N
 @torch.library.custom_op("halstm::sequence", mutates_args=())
 def sequence_op(key: str, x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor]) -> list[torch.Tensor]:
     """``_sequences`` as an op that ``torch.compile`` traces around."""
-    return _sequences(key, x, states, params)
+    return _sequences(key, x, states, params)[0]
 
 
 @sequence_op.register_fake
@@ -160,11 +156,8 @@ class _Sequence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, key, count, keep, x, *tensors):
-        ctx.hoisted = None
-        if keep and any(ctx.needs_input_grad):
-            seqs, ctx.hoisted = _sequences_keeping(key, x, tensors[:count], tensors[count:])
-        else:
-            seqs = _sequences(key, x, tensors[:count], tensors[count:])
+        keep = keep and any(ctx.needs_input_grad)
+        seqs, ctx.hoisted = _sequences(key, x, tensors[:count], tensors[count:], keep)
         ctx.key = key
         ctx.set_materialize_grads(False)  # a state without a gradient: None, left out of the backward's grads
         ctx.save_for_backward(x, *tensors[count:], *seqs)
