@@ -145,7 +145,8 @@ class BackwardPlan:
         return Plan(self.cell, [], [], [self.after_loop])
 
     def __str__(self):
-        recomputed = ", ".join(g.name for g in self.forward.gemms if g.stage == 1 or g.stage == 0 and not self.given_hoisted)
+        recomputed = ", ".join(g.name for g in self.forward.gemms
+                               if g.stage == 1 or g.stage == 0 and not self.given_hoisted)
         given = ", ".join(g.name for g in self.forward.hoisted) if self.given_hoisted else ""
         read = ", ".join(g.name for g in self.forward.gemms if g.stage <= 1)
         lines = [f"backward plan for {self.cell!r}",

@@ -234,7 +234,8 @@ class CompiledBackward:
             buffers[slot] = value
         for slot, arg in plan.results:
             buffers[slot] = frame.new(arg, zeros=False)
-        sources, share = {"x": {"x": x}, "params": params, "seqs": seqs, "grads": grads, "hoisted": hoisted}, frame.share
+        sources = {"x": {"x": x}, "params": params, "seqs": seqs, "grads": grads, "hoisted": hoisted}
+        share = frame.share
         for slot, where, key, what, shape, view in plan.given:
             source = sources[where]
             if key in source:

@@ -149,8 +149,8 @@ class _Sequence(torch.autograd.Function):
     """``halstm::sequence`` and its backward outside ``torch.compile``: the compiled functions called
     directly, without the ops' dispatch, argument flattening and generated autograd node.
     ``apply(key, number of states, keep, x, *states, *params)``; with ``keep``, a forward whose
-    backward will run keeps its hoisted GEMMs' results for it (``RNN``'s ``recompute``). A training step's host time, one layer,
-    LSTM T=5 B=2 H=16 float32 on the 2-core CPU (``TVM_NUM_THREADS=1 python
+    backward will run keeps its hoisted GEMMs' results for it (``RNN``'s ``recompute``). A training
+    step's host time, one layer, LSTM T=5 B=2 H=16 float32 on the 2-core CPU (``TVM_NUM_THREADS=1 python
     benchmarks/call_overhead.py LSTM 5,2,16 --training --reps 3000``, three runs): 337-391 us,
     596-684 us through the ops."""
 
@@ -167,7 +167,8 @@ class _Sequence(torch.autograd.Function):
     def backward(ctx, *grads):
         x, *saved = ctx.saved_tensors
         n_params = len(saved) - len(grads)
-        if torch.is_grad_enabled():  # under create_graph, through the op, whose own backward refuses a second derivative
+        # under create_graph, through the op, whose own backward refuses a second derivative
+        if torch.is_grad_enabled():
             gradients = sequence_backward_op(ctx.key, x, saved[:n_params], saved[n_params:], list(grads))
         else:
             gradients = _gradients(ctx.key, x, saved[:n_params], saved[n_params:], list(grads), ctx.hoisted)

@@ -1,7 +1,8 @@
 """The CUDA schedules of the blocks that are not GEMMs: elementwise blocks a thread an output
-(``bind_flat``) or LANES adjacent ones (``bind_lanes``), a cell's own reductions a thread block an output (``bind_reduction``), sums down
-columns in two coalesced kernels (``bind_column_reduction``) and transposing copies through shared
-tiles (``schedule_transpose``: the packed weights, the backward's transposed copies).
+(``bind_flat``) or LANES adjacent ones (``bind_lanes``), a cell's own reductions a thread block an
+output (``bind_reduction``), sums down columns in two coalesced kernels (``bind_column_reduction``)
+and transposing copies through shared tiles (``schedule_transpose``: the packed weights, the
+backward's transposed copies).
 """
 
 from __future__ import annotations
