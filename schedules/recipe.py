@@ -5,8 +5,11 @@ from __future__ import annotations
 import itertools
 
 import tvm
+import tvm_ffi
+from tvm.ir import TensorLoad
 from tvm.s_tir import Schedule
 from tvm.sym.analyzer import Analyzer
+from tvm import tirx
 from tvm.tirx import IntImm, IterVar
 from tvm.tirx.analysis import undefined_vars
 
@@ -208,12 +211,17 @@ def activations(sch: Schedule, scope) -> set[str]:
     return names
 
 
+INLINE_CONDITIONS = 64  # conditions (Select, if_then_else) inlining a block may copy beyond one a consumer
+
+
 def inline_elementwise(sch: Schedule, scope, keep=()) -> None:
     """Fuse the elementwise math of a scope into the blocks that write its results.
 
     Every elementwise block is inlined into its consumers, except one that feeds a GEMM with real
     arithmetic (the r * h operand of a later stage): that one is computed once and stored.
-    Output blocks (those writing the scope's views) and blocks named in ``keep`` stay.
+    Output blocks (those writing the scope's views) and blocks named in ``keep`` stay, and so does a
+    block that its consumers read so often that inlining would copy more than INLINE_CONDITIONS of
+    its conditions (``_copied_conditions``).
     """
     changed = True
     while changed:
@@ -226,9 +234,40 @@ def inline_elementwise(sch: Schedule, scope, keep=()) -> None:
                 continue
             if any(is_reduction(sch, c) for c in consumers) and not is_pure_copy(sch, block):
                 continue
+            if _copied_conditions(sch, block, consumers) > INLINE_CONDITIONS:
+                continue
             sch.compute_inline(block)
             changed = True
             break
+
+
+def _copied_conditions(sch: Schedule, block, consumers) -> int:
+    """The conditions (Select, if_then_else) of ``block``'s expression that inlining it would add to
+    its consumers beyond one copy each. Nested clamps multiply them (torch's NaN-propagating
+    ``maximum`` reads each operand three times): GatedNormRNN's clamped state, read four times by
+    its output, became a 300 KB expression whose conditions TVM's buffer compaction (which narrows
+    regions under each) did not get through in minutes; kept, 116 to 348 copies a block. RGLRU
+    copies 11 (its log1p's series branch) and is inlined as before."""
+    node = sch.get(block)
+    written = node.writes[0].source
+    conditions, reads = [0], 0
+
+    def select(_):
+        conditions[0] += 1
+
+    def call(c):
+        conditions[0] += getattr(c.op, "name", "").endswith(".if_then_else")
+
+    tvm_ffi.structural_walk(node.body.value, [(tirx.Select, select), (tvm.ir.Call, call)])
+    for consumer in consumers:
+        loads = [0]
+
+        def load(n):
+            loads[0] += n.source.same_as(written)
+
+        tvm_ffi.structural_walk(sch.get(consumer).body, (TensorLoad, load))
+        reads += max(loads[0] - 1, 0)
+    return conditions[0] * reads
 
 
 def in_k_slices(sch: Schedule, block) -> bool:

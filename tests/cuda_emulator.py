@@ -159,7 +159,7 @@ class T:
             for e in range(size // word):
                 value = src.poll(offset + e) if poll else src[src.flat_key(offset + e)]
                 dst[dst.flat_key(at + e)] = value
-    tanh, exp = math.tanh, math.exp
+    tanh, exp, sqrt, log = math.tanh, math.exp, math.sqrt, math.log
 
     @staticmethod
     def Cast(dtype, x):

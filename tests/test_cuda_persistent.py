@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from tvm import te
 from tvm.s_tir.stmt import SBlock
 from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, representative, upcast
 from cuda_emulator import Buffer, Fragment, Memory, Race, T, compile_text, python_expr, python_lines
@@ -23,6 +24,8 @@ from halstm.targets import CudaTarget
 
 import halstm
 from halstm.adjoint import AdjointCell
+from halstm.cell import upstream
+from halstm.oracle import _Evaluator
 from halstm.plan import make_plan
 
 CELLS = (halstm.LSTM, halstm.GRU, halstm.PeepholeLSTM, halstm.ResetBeforeGRU)
@@ -570,7 +573,7 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
         env[name] = Buffer(name, value, memory)
     for g in plan.hoisted:  # the prologue's GEMMs; the kernel reads the step's weights where they are
         packed = np.concatenate([params[m.weight] for m in g.members]).T
-        env[g.name] = Buffer(g.name, x.reshape(steps * B, -1) @ packed, memory)
+        env[g.name] = Buffer(g.name, _hoisted_operand(g, x.reshape(steps * B, -1), params) @ packed, memory)
     env["x"] = Buffer("x", x.reshape(steps * B, -1), memory)
     seqs = {s: np.full(((steps + 1) * B, H), np.nan) for s in cell.states}  # the kernel copies the initial states
     for s in cell.states:
@@ -613,6 +616,17 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
             memory.interval += grid
     y = seqs[cell.states[0]][B:].reshape(steps, B, H)
     return y, {s: seqs[s][-B:] for s in cell.states}, (x, params, states)
+
+
+def _hoisted_operand(gemm, rows, params):
+    """A hoisted GEMM's operand over all rows of x (x itself, or an expression of it: tanh(x)), by
+    the float64 oracle a row at a time (the plan traced one row)."""
+    leaves = [op for op in upstream(gemm.operand) if isinstance(op, te.PlaceholderOp)]
+    bound = {op: params[op.name] for op in leaves if op.name in params}
+    x = next((op for op in leaves if op.name == "x"), None)
+    if x is None or gemm.operand.op.same_as(x):
+        return rows
+    return np.concatenate([_Evaluator({**bound, x: row[None]}).tensor(gemm.operand) for row in rows])
 
 
 EMULATED = [  # (B, I, H, knobs): ragged K (H=10: not whole vectors), tiles past the batch, spare threads,
@@ -919,3 +933,21 @@ def test_emulated_reversed_loop_matches_reference_without_races(cell, shape, gat
     kernel = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {"tensor_cores": False, **knobs}))
     assert kernel and bool(kernel.polled) == (not gathered)
     _check_emulation(_reversed_loop(cell, gathered), B, I, H, knobs)
+
+
+def test_a_state_clamped_twice_and_read_four_times_is_computed_once_a_step():
+    """GatedNormRNN clamps its cell state twice (NaN-propagating min and max read each operand three
+    times) and its output reads that state four times: inlined into the output, the step's
+    expression grew to 300 KB, whose conditions TVM's buffer compaction did not get through in
+    minutes. Kept as a block of its own (``recipe._copied_conditions``), the persistent kernel
+    computes it once a step, matches float64 without races (its hoisted operand tanh(x) included),
+    and TVM lowers it for an H100."""
+    from test_backward import GatedNormRNN
+
+    B, I, H, knobs = EMULATED[0]
+    program = _program(GatedNormRNN, batch=B, hidden=H, inputs=I, dtype="float32")
+    kernel = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {"tensor_cores": False, **knobs}))
+    assert "minimum_1" in [b.buffer for b in kernel.elementwise_blocks]
+    _check_emulation(GatedNormRNN, B, I, H, knobs)
+    compiled = halstm.compile(GatedNormRNN(32, 32), 5, 16, "float32", target=H100)
+    assert compiled.recipe.name == "cuda-persistent"
