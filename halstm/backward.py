@@ -57,7 +57,6 @@ from .lowering import (
     _storage,
     _view,
     hoisted_rows,
-    hoisted_rows_dim,
     indent,
     stacked,
     steps_var,
@@ -68,6 +67,7 @@ from .lowering import (
 )
 from .plan import Gemm, Plan, make_plan
 from .runtime import STEPS, Arg
+from .scratch import dimension_of
 
 
 @dataclass(frozen=True)
@@ -323,7 +323,7 @@ def _prepare(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) ->
              if n not in cell.parameters()]
     rows = _hoisted_rows(T, B)[1]  # where T is any, padded as the forward's (``_prepare_prologue``)
     if plan.given_hoisted:
-        padded = hoisted_rows_dim(None if _any(T) else T, B)
+        padded = dimension_of(_hoisted_rows(T, B)[0], T, "hoisted") if _any(T) else T * B
         args += [Arg(g.name, (padded, g.rows), ACCUMULATE, "hoisted") for g in forward.hoisted]
         allocs = []
     else:

@@ -475,15 +475,6 @@ def hoisted_rows(steps: int | None, batch: int):
     return expr, f"({STEPS} * {batch} + {q - 1}) // {q} * {q}"
 
 
-def hoisted_rows_dim(steps: int | None, batch: int):
-    """``hoisted_rows`` as an argument's dimension (``runtime.dimension``'s: an int, or where T is
-    any, an expression of T)."""
-    if steps is not None:
-        return steps * batch
-    q = ROW_QUANTUM
-    return ("*", ("//", ("+", ("*", "T", batch), q - 1), q), q)
-
-
 def sequence_rows(steps: int | None, batch: int, ahead: int = 0):
     """The rows of a sequence buffer over ``steps`` (+ ``ahead``) steps of ``batch`` rows: a number,
     or TVMScript's text of it in ``STEPS`` where T is any."""

@@ -183,7 +183,8 @@ class SequenceFunction:
                              f"{[a.name for a in self.scratch]}")
         run, finish, frame = self._bind(x, params, states)
         run()
-        return finish(), {n: frame.result(finish.scratch[n]) for n in names}
+        kept = {a.name: t for a, t in zip(self.scratch, finish.scratch) if a.name in names}
+        return finish(), {n: frame.result(kept[n]) for n in names}
 
     def prepare(self, x, params: dict, states: dict | None = None):
         """Check and convert the arguments once; returns a function that runs the kernel and waits
@@ -202,7 +203,7 @@ class SequenceFunction:
 
     def _bind(self, x, params: dict, states: dict | None, reuse: bool = False):
         """The call with its arguments checked and bound in order (outputs allocated), the function
-        that returns the state sequences after it (its ``scratch``: the scratch buffers by name), and
+        that returns the state sequences after it (its ``scratch``: the scratch buffers in order), and
         the frame. With ``reuse``, on the CPU the scratch buffers are one of ``_host_buffers``'
         allocations, which ``frame.release()`` gives back. A call's host time beyond the
         prepared call, torch tensors, LSTM T=2 B=2 H=8 on the 2-core CPU machine (``python
@@ -239,7 +240,7 @@ class SequenceFunction:
         def finish():
             return {s: frame.result(outputs[s + "_seq"]).reshape(T + 1, B, H) for s in sig.states}
 
-        finish.scratch = {a.name: t for a, t in zip(self.scratch, scratch)}
+        finish.scratch = scratch
 
         return frame.on_device(functools.partial(self._main, *tensors)), finish, frame
 

@@ -80,7 +80,7 @@ def lift(func: tirx.PrimFunc, only: tuple = None) -> tuple[tirx.PrimFunc, tuple[
             raise ValueError(f"buffer '{buffer.name}': a function's global buffers and parameters need distinct "
                              f"names to be passed in by name")
         names.append(buffer.name)
-        shape = tuple(_dim(d, steps, buffer.name) for d in buffer.shape)
+        shape = tuple(dimension_of(d, steps, buffer.name) for d in buffer.shape)
         args.append(Arg(buffer.name, shape, str(buffer.dtype), "scratch"))
     return tirx.PrimFunc([*func.params, *lifted], body, func.ret_type, func.attrs), tuple(args)
 
@@ -103,9 +103,9 @@ def _is_no_op(stmt) -> bool:
     return isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tirx.IntImm)
 
 
-def _dim(expr, steps, name: str):
-    """A dimension as an int, or where it follows T as a ``Dim`` tree: "T", an int, or
-    (operator, left, right)."""
+def dimension_of(expr, steps, name: str):
+    """A buffer's dimension as an int, or where it follows T (``steps``, the function's variable) as a
+    ``Dim`` tree: "T", an int, or (operator, left, right)."""
     if isinstance(expr, tirx.IntImm):
         return int(expr)
 

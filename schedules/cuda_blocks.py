@@ -28,22 +28,22 @@ def bind_flat(sch: Schedule, block, threads: int) -> None:
 LANES = 4  # a thread's adjacent outputs in ``bind_lanes``: a float32 vector of 16 bytes
 
 
-def bind_lanes(sch: Schedule, block, threads: int) -> None:
-    """An elementwise block, LANES adjacent outputs of a row a thread, as one vector (16-byte float32
-    loads; TVM 0.27 prints an eight-lane float32 constant as a make_ulonglong4 of eight floats, which
-    nvcc rejects). The innermost loop is split first, so that a condition on a column range that
-    LANES divides (a slice of a concatenation, ``lowering.hoisted_rows``' padding) stays one
-    condition a thread and the block vectorised. Blocks with a reduction, or whose rows LANES does
-    not divide, a thread an output (``bind_flat``)."""
+def bind_lanes(sch: Schedule, block, threads: int, lanes: int = LANES) -> None:
+    """An elementwise block, ``lanes`` adjacent outputs of a row a thread, as one vector (LANES:
+    16-byte float32 loads; TVM 0.27 prints an eight-lane float32 constant as a make_ulonglong4 of
+    eight floats, which nvcc rejects). The innermost loop is split first, so that a condition on a
+    column range that ``lanes`` divides (a slice of a concatenation, ``lowering.hoisted_rows``'
+    padding) stays one condition a thread and the block vectorised. Blocks with a reduction, or whose
+    rows ``lanes`` does not divide, a thread an output (``bind_flat``)."""
     loops = sch.get_loops(block)
     if not loops or any(iv.iter_type != IterVar.DataPar for iv in sch.get(block).iter_vars):
         bind_flat(sch, block, threads)
         return
     inner = sch.get(loops[-1]).extent
-    if not isinstance(inner, IntImm) or inner.value % LANES:
+    if not isinstance(inner, IntImm) or inner.value % lanes:
         bind_flat(sch, block, threads)
         return
-    outer, lane = sch.split(loops[-1], [None, LANES])
+    outer, lane = sch.split(loops[-1], [None, lanes])
     bx, tx = sch.split(sch.fuse(*loops[:-1], outer) if len(loops) > 1 else outer, [None, threads])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
@@ -54,18 +54,10 @@ COPY_BYTES = 16  # what a thread of a row copy moves at once
 
 
 def bind_row_copy(sch: Schedule, block, threads: int, size: int) -> None:
-    """A ``copies_rows`` block, COPY_BYTES a thread where a row holds whole vectors of them (``size``
-    bytes an element), else an element a thread (``bind_flat``). Not timed against one element a
-    thread."""
-    rows, cols = sch.get_loops(block)
-    lanes = COPY_BYTES // size
-    if int(sch.get(cols).extent) % lanes:
-        bind_flat(sch, block, threads)
-        return
-    bx, tx, lane = sch.split(sch.fuse(rows, cols), [None, threads, lanes])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
-    sch.vectorize(lane)
+    """A ``copies_rows`` block (no float32 math between load and store), COPY_BYTES a thread where a
+    row holds whole vectors of them (``size`` bytes an element: ``bind_lanes``), else an element a
+    thread. Not timed against one element a thread."""
+    bind_lanes(sch, block, threads, COPY_BYTES // size)
 
 
 def bind_reduction(sch: Schedule, block, threads: int) -> None:

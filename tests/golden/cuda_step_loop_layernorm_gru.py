@@ -111,13 +111,13 @@ class Module:
                             T.reads(w_packed1_shared[v0, v1])
                             T.writes(w_packed1[v0, v1])
                             w_packed1[v0, v1] = w_packed1_shared[v0, v1]
-            for i0_i1_fused_0 in T.thread_binding(1, thread="blockIdx.x"):
-                for i0_i1_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
-                    for i0_i1_fused_2 in T.vectorized(4):
+            for i0_i1_0_fused_0 in T.thread_binding(1, thread="blockIdx.x"):
+                for i0_i1_0_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
+                    for i1_1 in T.vectorized(4):
                         with T.sblock("h_init"):
-                            v_i0 = T.axis.spatial(2, (i0_i1_fused_0 * 1024 + i0_i1_fused_1 * 4 + i0_i1_fused_2) // 16)
-                            v_i1 = T.axis.spatial(16, (i0_i1_fused_0 * 1024 + i0_i1_fused_1 * 4 + i0_i1_fused_2) % 16)
-                            T.where((i0_i1_fused_0 * 256 + i0_i1_fused_1) * 4 + i0_i1_fused_2 < 32)
+                            v_i0 = T.axis.spatial(2, (i0_i1_0_fused_0 * 256 + i0_i1_0_fused_1) // 4)
+                            v_i1 = T.axis.spatial(16, (i0_i1_0_fused_0 * 256 + i0_i1_0_fused_1) % 4 * 4 + i1_1)
+                            T.where(i0_i1_0_fused_0 * 256 + i0_i1_0_fused_1 < 8)
                             T.reads(h0[v_i0, v_i1])
                             T.writes(h_init[v_i0, v_i1])
                             h_init[v_i0, v_i1] = h0[v_i0, v_i1]

@@ -16,12 +16,12 @@ class Module:
             w_packed0 = T.sblock_alloc_buffer((256, 64), "float16")
             h_init = T.match_buffer(h_seq[0:16, 0:64], (16, 64), "float16", offset_factor=1)
             c_init = T.match_buffer(c_seq[0:16, 0:64], (16, 64), "float16", offset_factor=1)
-            for i0_i1_fused_0 in T.thread_binding(8, thread="blockIdx.x"):
-                for i0_i1_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
-                    for i0_i1_fused_2 in T.vectorized(8):
+            for i0_i1_0_fused_0 in T.thread_binding(8, thread="blockIdx.x"):
+                for i0_i1_0_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
+                    for i1_1 in T.vectorized(8):
                         with T.sblock("w_packed0"):
-                            v_i0 = T.axis.spatial(256, (i0_i1_fused_0 * 2048 + i0_i1_fused_1 * 8 + i0_i1_fused_2) // 64)
-                            v_i1 = T.axis.spatial(64, (i0_i1_fused_0 * 2048 + i0_i1_fused_1 * 8 + i0_i1_fused_2) % 64)
+                            v_i0 = T.axis.spatial(256, (i0_i1_0_fused_0 * 256 + i0_i1_0_fused_1) // 8)
+                            v_i1 = T.axis.spatial(64, (i0_i1_0_fused_0 * 256 + i0_i1_0_fused_1) % 8 * 8 + i1_1)
                             T.reads(weight_ih[v_i0, v_i1])
                             T.writes(w_packed0[v_i0, v_i1])
                             w_packed0[v_i0, v_i1] = T.if_then_else(v_i0 < 256, weight_ih[v_i0, v_i1], T.float16(0.0))
@@ -77,29 +77,29 @@ class Module:
                 for j in T.unroll(16):
                     if bx // 4 * 64 + tx // 128 * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + j % 2 * 8 < 48:
                         C[bx // 4 * 64 + tx // 128 * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + j % 2 * 8, bx % 4 * 64 + j // 2 * 8 + tx % 32 % 4 * 2:bx % 4 * 64 + j // 2 * 8 + tx % 32 % 4 * 2 + 2] = acc[T.Ramp(2 * j, 1, 2)]
-            for i0_i1_fused_0 in T.thread_binding(8, thread="blockIdx.x"):
-                for i0_i1_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
-                    for i0_i1_fused_2 in T.vectorized(8):
+            for i0_i1_0_fused_0 in T.thread_binding(8, thread="blockIdx.x"):
+                for i0_i1_0_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
+                    for i1_1 in T.vectorized(8):
                         with T.sblock("w_packed1"):
-                            v_i0 = T.axis.spatial(256, (i0_i1_fused_0 * 2048 + i0_i1_fused_1 * 8 + i0_i1_fused_2) // 64)
-                            v_i1 = T.axis.spatial(64, (i0_i1_fused_0 * 2048 + i0_i1_fused_1 * 8 + i0_i1_fused_2) % 64)
+                            v_i0 = T.axis.spatial(256, (i0_i1_0_fused_0 * 256 + i0_i1_0_fused_1) // 8)
+                            v_i1 = T.axis.spatial(64, (i0_i1_0_fused_0 * 256 + i0_i1_0_fused_1) % 8 * 8 + i1_1)
                             T.reads(weight_hh[v_i0, v_i1])
                             T.writes(w_packed1[v_i0, v_i1])
                             w_packed1[v_i0, v_i1] = T.if_then_else(v_i0 < 256, weight_hh[v_i0, v_i1], T.float16(0.0))
-            for i0_m_i1_m_fused_0 in T.thread_binding(1, thread="blockIdx.x"):
-                for i0_m_i1_m_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
-                    for i0_m_i1_m_fused_2 in T.vectorized(8):
+            for i0_m_i1_m_0_fused_0 in T.thread_binding(1, thread="blockIdx.x"):
+                for i0_m_i1_m_0_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
+                    for i1_m_1 in T.vectorized(8):
                         with T.sblock("h_init"):
-                            v_i0 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 2048 + i0_m_i1_m_fused_1 * 8 + i0_m_i1_m_fused_2) // 64)
-                            v_i1 = T.axis.spatial(64, (i0_m_i1_m_fused_0 * 2048 + i0_m_i1_m_fused_1 * 8 + i0_m_i1_m_fused_2) % 64)
-                            T.where((i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) * 8 + i0_m_i1_m_fused_2 < 1024)
+                            v_i0 = T.axis.spatial(16, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) // 8)
+                            v_i1 = T.axis.spatial(64, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) % 8 * 8 + i1_m_1)
+                            T.where(i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1 < 128)
                             T.reads(h0[v_i0, v_i1])
                             T.writes(h_init[v_i0, v_i1])
                             h_init[v_i0, v_i1] = h0[v_i0, v_i1]
                         with T.sblock("c_init"):
-                            v_i0 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 2048 + i0_m_i1_m_fused_1 * 8 + i0_m_i1_m_fused_2) // 64)
-                            v_i1 = T.axis.spatial(64, (i0_m_i1_m_fused_0 * 2048 + i0_m_i1_m_fused_1 * 8 + i0_m_i1_m_fused_2) % 64)
-                            T.where((i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) * 8 + i0_m_i1_m_fused_2 < 1024)
+                            v_i0 = T.axis.spatial(16, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) // 8)
+                            v_i1 = T.axis.spatial(64, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) % 8 * 8 + i1_m_1)
+                            T.where(i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1 < 128)
                             T.reads(c0[v_i0, v_i1])
                             T.writes(c_init[v_i0, v_i1])
                             c_init[v_i0, v_i1] = c0[v_i0, v_i1]

@@ -154,20 +154,20 @@ class Module:
                             T.reads(w_packed1_shared[v0, v1])
                             T.writes(w_packed1[v0, v1])
                             w_packed1[v0, v1] = w_packed1_shared[v0, v1]
-            for i0_m_i1_m_fused_0 in T.thread_binding(1, thread="blockIdx.x"):
-                for i0_m_i1_m_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
-                    for i0_m_i1_m_fused_2 in T.vectorized(8):
+            for i0_m_i1_m_0_fused_0 in T.thread_binding(1, thread="blockIdx.x"):
+                for i0_m_i1_m_0_fused_1 in T.thread_binding(256, thread="threadIdx.x"):
+                    for i1_m_1 in T.vectorized(8):
                         with T.sblock("h_init"):
-                            v_i0 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 2048 + i0_m_i1_m_fused_1 * 8 + i0_m_i1_m_fused_2) // 16)
-                            v_i1 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 2048 + i0_m_i1_m_fused_1 * 8 + i0_m_i1_m_fused_2) % 16)
-                            T.where((i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) * 8 + i0_m_i1_m_fused_2 < 256)
+                            v_i0 = T.axis.spatial(16, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) // 2)
+                            v_i1 = T.axis.spatial(16, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) % 2 * 8 + i1_m_1)
+                            T.where(i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1 < 32)
                             T.reads(h0[v_i0, v_i1])
                             T.writes(h_init[v_i0, v_i1])
                             h_init[v_i0, v_i1] = h0[v_i0, v_i1]
                         with T.sblock("c_init"):
-                            v_i0 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 2048 + i0_m_i1_m_fused_1 * 8 + i0_m_i1_m_fused_2) // 16)
-                            v_i1 = T.axis.spatial(16, (i0_m_i1_m_fused_0 * 2048 + i0_m_i1_m_fused_1 * 8 + i0_m_i1_m_fused_2) % 16)
-                            T.where((i0_m_i1_m_fused_0 * 256 + i0_m_i1_m_fused_1) * 8 + i0_m_i1_m_fused_2 < 256)
+                            v_i0 = T.axis.spatial(16, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) // 2)
+                            v_i1 = T.axis.spatial(16, (i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1) % 2 * 8 + i1_m_1)
+                            T.where(i0_m_i1_m_0_fused_0 * 256 + i0_m_i1_m_0_fused_1 < 32)
                             T.reads(c0[v_i0, v_i1])
                             T.writes(c_init[v_i0, v_i1])
                             c_init[v_i0, v_i1] = c0[v_i0, v_i1]
