@@ -49,16 +49,26 @@ _FLAT = {"floor", "ceil", "round", "trunc"}  # derivative zero wherever it exist
 _INLINE_LIMIT = 256
 
 
-def adjoints(outputs, seeds, wrt, rules=None, reads=None) -> list[te.Tensor | None]:
+def adjoints(outputs, seeds, wrt, rules=None, reads=None, known=None) -> list[te.Tensor | None]:
     """The adjoints of the tensors ``wrt`` given those of ``outputs`` (``seeds``, same shapes).
 
     Every compute between them is differentiated in reverse topological order. ``rules`` maps an op
     to its own rule, ``rule(dY)`` giving (input, contribution) pairs: a planned GEMM's product with
     the transposed weights, say. ``reads`` maps an op to the tensors its value stands for beyond its
     inputs (a GEMM's result read from where it was computed before: its operand), which its rule
-    passes adjoints to. A tensor in ``wrt`` that the outputs do not depend on gets None.
+    passes adjoints to. ``known`` maps an op to its adjoint where that was computed before (the
+    reversed loop's stored ones): taken as it is, not summed from the op's readers. A tensor in
+    ``wrt`` that the outputs do not depend on gets None.
     """
-    rules, reads = rules or {}, reads or {}
+    adjoint = derive(outputs, seeds, wrt, rules, reads, known)
+    return [adjoint.get(t.op) for t in wrt]
+
+
+def derive(outputs, seeds, wrt, rules=None, reads=None, known=None) -> dict:
+    """The adjoint of every op between ``outputs`` and ``wrt`` by op (``adjoints``' arguments). Ops
+    whose adjoints are one tensor (a sum's and each of its terms' read as they are: a copy's
+    adjoint is its result's) share it."""
+    rules, reads, known = rules or {}, reads or {}, known or {}
     targets = {t.op for t in wrt}
     order = _topological(outputs, reads)
     depends = {}
@@ -69,18 +79,18 @@ def adjoints(outputs, seeds, wrt, rules=None, reads=None) -> list[te.Tensor | No
         parts[out.op].append(seed)
     adjoint, bounded = {}, _Bounded()
     for op in reversed(order):
-        if not depends[op] or not parts[op]:
+        if not depends[op] or not (parts[op] or op in known):
             continue
-        adjoint[op] = dy = _total(op.output(0), parts[op])
+        adjoint[op] = dy = known[op] if op in known else _total(op.output(0), parts[op])
         if op in rules:
-            reads = rules[op](dy)
+            found = rules[op](dy)
         elif isinstance(op, te.ComputeOp):
-            reads = _reads(op, dy, lambda t: depends[t.op], bounded)
+            found = _reads(op, dy, lambda t: depends[t.op], bounded)
         else:
             continue  # a placeholder: a leaf
-        for tensor, contribution in reads:
+        for tensor, contribution in found:
             parts[tensor.op].append(contribution)
-    return [adjoint.get(t.op) for t in wrt]
+    return adjoint
 
 
 def _topological(outputs, reads: dict) -> list:

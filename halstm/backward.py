@@ -40,7 +40,7 @@ import tvm
 from tvm import te
 
 from .adjoint import AdjointCell
-from .autodiff import adjoints
+from .autodiff import adjoints, derive
 from .cell import Cell, placeholders, upstream
 from .lowering import (
     ACCUMULATE,
@@ -256,8 +256,8 @@ def lower_backward(
     layout = PackedLayout(tile=layout.tile, k_major=k_major) if layout else PackedLayout()
     T = steps_var(steps)
     prepare = _prepare(backward, T, batch, dtype, layout)
-    rows, kept = _rows(backward, T, batch, dtype, layout)
-    weights = _weights(backward, T, batch, dtype, layout, kept)
+    rows, kept, shared = _rows(backward, T, batch, dtype, layout)
+    weights = _weights(backward, T, batch, dtype, layout, kept, shared)
     prepare, rows, weights = (replace(p, allow_tf32=allow_tf32) for p in (prepare, rows, weights))
     return BackwardProgram(backward, prepare, rows, weights, steps, batch, dtype)
 
@@ -402,18 +402,20 @@ def _prepare_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
 
 # --- rows: the step's adjoints over all rows ------------------------------------------------------
 
-def _rows(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tuple[Program, list[str]]:
-    """The step differentiated over all T*B rows at once from D_{t+1}, and the parameters whose
-    adjoints it keeps."""
+def _rows(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tuple[Program, list[str], dict]:
+    """The step differentiated over all T*B rows at once from D_{t+1}, the parameters whose
+    adjoints it keeps, and the GEMM whose result's adjoint each GEMM's is (``_rows_step``)."""
     cell, forward, H = plan.cell, plan.forward, plan.cell.hidden_size
-    step, kept = _rows_step(plan, T, B, dtype, layout)
+    step, kept, loop_seqs, shared = _rows_step(plan, T, B, dtype, layout)
+    stored = [g for g in forward.gemms if shared[g.name] == g.name]
     recurrent = [(i, g) for i, g in enumerate(forward.gemms) if g.stage > 0]
     args = [*_steps_args(T), _sequence("x", T, B, 0, cell.input_size, dtype, "x"), *_param_args(cell, dtype)]
     args += [_sequence(f"{s}_seq", T, B, 1, H, dtype, "seq") for s in cell.states]
     args += [_sequence("adjoint_x", T, B, 1, plan.adjoint.input_size, dtype, "buffer")]  # prepare's
     args += [_sequence(f"d{s}_seq", T, B, 2, H, dtype, "buffer") for s in cell.states]  # the adjoint's
+    args += [_sequence(name, T, B, 2, H, dtype, "buffer") for name in loop_seqs]  # the adjoint's too
     between = _between(plan, dtype)
-    args += [_sequence(f"d{g.name}_seq", T, B, 0, g.rows, between, "buffer") for g in forward.gemms]
+    args += [_sequence(f"d{g.name}_seq", T, B, 0, g.rows, between, "buffer") for g in stored]
     args += [_sequence(f"a_{g.name}_seq", T, B, 0, g.depth, between, "buffer") for _, g in recurrent]
     args += [Arg(f"d{p}_sum", (1, _numel(cell.parameters()[p])), ACCUMULATE, "buffer") for p in kept]
     args += _x_in_step_args(forward, T, B)
@@ -429,11 +431,11 @@ def _rows(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tu
         views += [_view("x_t", "x", "0", T * B, cell.input_size, dtype),
                   _view("dx_t", "dx_seq", "0", T * B, cell.input_size, ACCUMULATE)]
     views += [_view(f"{s}_t", f"{s}_seq", "0", T * B, H, dtype) for s in cell.states]
-    views += [_view(f"d{g.name}_t", f"d{g.name}_seq", "0", T * B, g.rows, between) for g in forward.gemms]
+    views += [_view(f"d{g.name}_t", f"d{g.name}_seq", "0", T * B, g.rows, between) for g in stored]
     views += [_view(f"a_{g.name}_t", f"a_{g.name}_seq", "0", T * B, g.depth, between) for _, g in recurrent]
     views += [_view(f"d{p}_t", f"d{p}_sum", "0", 1, _numel(cell.parameters()[p]), ACCUMULATE) for p in kept]
     frame = Skeleton(args, allocs, prologue, views)
-    return _function(plan.rows_plan(), T, B, dtype, layout, frame, _one_step(frame, step)), kept
+    return _function(plan.rows_plan(), T, B, dtype, layout, frame, _one_step(frame, step)), kept, shared
 
 
 def _rows_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc | None:
@@ -450,9 +452,11 @@ def _rows_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayo
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
-def _rows_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tuple[tvm.tirx.PrimFunc, list[str]]:
+def _rows_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tuple[tvm.tirx.PrimFunc, list, list, dict]:
     """The step over all T*B rows, differentiated from D_{t+1} (the adjoint's d<s> sequences, whose
-    steps run reversed, one row block on: row block T - t), and the parameters it keeps adjoints of.
+    steps run reversed, one row block on: row block T - t), the parameters it keeps adjoints of, the
+    reversed loop's sequences it reads (``_loop_adjoints``), and by GEMM the first GEMM whose result's
+    adjoint it writes for that one (itself, but where two are one tensor).
     The hoisted and first-stage GEMMs' results are the columns prepare wrote for the adjoint cell
     (``adjoint_x``, in the storage dtype), not computed again."""
     cell, forward, H, rows, adjoint = plan.cell, plan.forward, plan.cell.hidden_size, T * B, plan.adjoint
@@ -485,18 +489,56 @@ def _rows_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
     rules = {step.gemms[g.name].op: operand_rule(g) for g in plan.rows_operands}
     results = [given[g.name] if g.name in given else step.gemms[g.name] for g in forward.gemms]
     x_t = [step.x] if step.x is not None else []  # the step's rows of x, where its math reads x itself
-    found = adjoints(step.traced.next_states, d_next, [*results, *step.params.values(), *x_t], rules)
+    wrt = [*results, *step.params.values(), *x_t]
+    known, loop_seqs = _loop_adjoints(plan, T, B, dtype, derive(step.traced.next_states, d_next, wrt, rules), given)
+    found = adjoints(step.traced.next_states, d_next, wrt, rules, known=known)
     d_x_t, found = (found[-1:], found[:-1]) if x_t else ([], found)
     d_results, d_params = found[: len(results)], dict(zip(step.params, found[len(results):]))
     kept = [p for p, d in d_params.items() if d is not None]
 
+    # a GEMM result whose adjoint is an earlier one's (LSTM's hoisted and recurrent gates: both terms
+    # of one sum) shares that one's buffer
+    shared = {g.name: next(h.name for h, e in zip(forward.gemms, d_results) if h is g or _same(e, d))
+              for g, d in zip(forward.gemms, d_results)}
     outputs = [_stored_operand(plan, dtype, _or_zeros(d, r), f"d{g.name}_t")
-               for g, r, d in zip(forward.gemms, results, d_results)]
+               for g, r, d in zip(forward.gemms, results, d_results) if shared[g.name] == g.name]
     outputs += [_storage(step.operands[g.name], _between(plan, dtype), f"a_{g.name}_t") for g in plan.recurrent]
     outputs += [_flat(d_params[p], f"d{p}_t") for p in kept]
     outputs += [_storage(_or_zeros(d, x), ACCUMULATE, "dx_t") for x, d in zip(x_t, d_x_t)]
-    inputs = [*step.inputs, adjoint_x, *transposed.values(), *adjoint_seqs]
-    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs]), kept
+    inputs = [*step.inputs, adjoint_x, *transposed.values(), *adjoint_seqs, *loop_seqs]
+    return (_prim_func(inputs, outputs, [t.op.name for t in inputs + outputs]), kept, [t.op.name for t in loop_seqs],
+            shared)
+
+
+def _same(a: te.Tensor | None, b: te.Tensor | None) -> bool:
+    return a is not None and b is not None and a.same_as(b)
+
+
+def _loop_adjoints(plan: BackwardPlan, T, B: int, dtype: str, derived: dict, given: dict) -> tuple[dict, list]:
+    """The adjoints the reversed loop stored that rows takes instead of deriving them again: each
+    first-stage GEMM result's (the loop's states d<g>_<j>, gate blocks side by side), for every op
+    whose adjoint the derivation found to be that same tensor (a sum of the result and the hoisted
+    GEMM's, LSTM's gates: then neither rows' derivation from D_{t+1} nor its read of the adjoint
+    cell's input is left). (known adjoints by op, the loop's sequences read)."""
+    H, rows, known, seqs = plan.cell.hidden_size, T * B, {}, []
+    for g in plan.adjoint.first:
+        d = derived.get(given[g.name].op)
+        if d is None:
+            continue
+        blocks = [te.placeholder(((T + 2) * B, H), dtype, name=f"d{g.name}_{j}_seq") for j in range(g.rows // H)]
+        seqs += blocks
+
+        def stored(blocks):  # row r's step t, from the loop's step T - 1 - t (stored one block on)
+            def value(r, n):
+                row, found = _reversed_row(r, T, B) + B, blocks[-1][_reversed_row(r, T, B) + B, n % H]
+                for j in reversed(range(len(blocks) - 1)):
+                    found = tvm.tirx.if_then_else(n // H == j, blocks[j][row, n % H], found)
+                return found.astype(ACCUMULATE)
+            return value
+
+        loop = te.compute((rows, g.rows), stored(blocks), name=f"d{g.name}_stored")
+        known |= {op: loop for op, a in derived.items() if a.same_as(d)}
+    return known, seqs
 
 
 # --- weights: all T*B rows at once ---------------------------------------------------------------
@@ -524,12 +566,15 @@ def _between(plan: BackwardPlan, dtype: str) -> str:
     return ACCUMULATE if plan.exact_weights else dtype
 
 
-def _weights(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout, kept: list[str]) -> Program:
+def _weights(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout, kept: list[str],
+             shared: dict) -> Program:
+    """``shared``: by GEMM, the GEMM whose result's adjoint rows wrote for it (``_rows_step``)."""
     cell, forward = plan.cell, plan.forward
     shapes = cell.parameters()
     args = [*_steps_args(T), _sequence("x", T, B, 0, cell.input_size, dtype, "x"), *_param_args(cell, dtype)]
     between = _between(plan, dtype)
-    args += [_sequence(f"d{g.name}_seq", T, B, 0, g.rows, between, "buffer") for g in forward.gemms]
+    stored = [g for g in forward.gemms if shared[g.name] == g.name]
+    args += [_sequence(f"d{g.name}_seq", T, B, 0, g.rows, between, "buffer") for g in stored]
     args += [_sequence(f"a_{g.name}_seq", T, B, 0, g.depth, between, "buffer") for g in plan.recurrent]
     args += [Arg(f"d{p}_sum", (1, _numel(shapes[p])), ACCUMULATE, "buffer") for p in kept]
     args += _x_in_step_args(forward, T, B)
@@ -542,32 +587,34 @@ def _weights(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout, ke
                                  for i, g in enumerate(forward.gemms) if g.stage == 0]
     allocs += [f'w_packed_a{i} = T.alloc_buffer(({", ".join(map(str, layout.shape(k_rows, g.depth)))}), "{between}")'
                for i, g in enumerate(forward.gemms)]
-    allocs += [f'd{g.name}_transposed = T.alloc_buffer(({g.rows}, {k_rows}), "{between}")' for g in forward.gemms]
+    allocs += [f'd{g.name}_transposed = T.alloc_buffer(({g.rows}, {k_rows}), "{between}")' for g in stored]
     views = []
     if _any(T):  # the hoisted GEMMs' operand adjoints over padded rows, in the prologue (``_weights_prologue``)
         allocs += [f'grad_a_{g.name} = T.alloc_buffer(({_hoisted_rows(T, B)[1]}, {g.depth}), "{ACCUMULATE}")'
                    for g in forward.hoisted]
         views += [_view(f"grad_a_{g.name}_t", f"grad_a_{g.name}", "0", T * B, g.depth, ACCUMULATE)
                   for g in forward.hoisted]
-    prologue = [_body(_weights_prologue(plan, T, B, dtype, layout))]
+    prologue = [_body(_weights_prologue(plan, T, B, dtype, layout, shared))]
     frame = Skeleton(args, allocs, prologue, views)
-    step = _weights_step(plan, T, B, dtype, layout, kept)
+    step = _weights_step(plan, T, B, dtype, layout, kept, shared)
     loop = _one_step(frame, step) if views else f"""    with T.sblock("step"):
 {indent([_body(step)], 8)}"""
     return _function(plan.weights_plan(), T, B, dtype, layout, frame, loop)  # one step of T*B rows
 
 
-def _weights_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
+def _weights_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout,
+                      shared: dict) -> tvm.tirx.PrimFunc:
     """Every GEMM's operand over all rows and the hoisted GEMMs' weights, packed; where T is any, the
     operands and the results' adjoints over the rows padded to a multiple of ROW_QUANTUM (the weight
     gradients' K: ``_k_rows``) and the hoisted GEMMs' dA."""
     cell, forward, between = plan.cell, plan.forward, _between(plan, dtype)
     x, states, params = placeholders(cell, T * B, dtype)
-    stored = {g.name: te.placeholder((T * B, g.depth), between, name=f"a_{g.name}_seq") for g in plan.recurrent}
-    operands = {**trace_hoisted(forward, x, states, params, layout).operands, **stored}
+    stored_operands = {g.name: te.placeholder((T * B, g.depth), between, name=f"a_{g.name}_seq") for g in plan.recurrent}
+    operands = {**trace_hoisted(forward, x, states, params, layout).operands, **stored_operands}
     transposed = {g.name: _transposed(g, params, layout, f"w_packed_t{i}", plan.tf32)
                   for i, g in enumerate(forward.gemms) if g.stage == 0}
-    d_results = [te.placeholder((T * B, g.rows), between, name=f"d{g.name}_seq") for g in forward.gemms]
+    d_results = _adjoints_stored(forward, T * B, between, shared)
+    stored = _distinct(d_results)
     if not _any(T):
         outputs = list(transposed.values())
         outputs += [
@@ -575,7 +622,7 @@ def _weights_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedL
                   f"w_packed_a{i}")
             for i, g in enumerate(forward.gemms)
         ]
-        outputs += [_transpose(d) for d in d_results]
+        outputs += [_transpose(d) for d in stored]
     else:
         # the weight gradients' K, T*B rows, padded to a multiple of ROW_QUANTUM (``_k_rows``), both operands
         # zeros past T*B (0 * garbage can be NaN): a K tile of up to that many rows then divides it
@@ -585,24 +632,24 @@ def _weights_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedL
                   k_rows, g.depth, layout, f"w_packed_a{i}")
             for i, g in enumerate(forward.gemms)
         ]
-        outputs += [_transpose(d, k_rows) for d in d_results]
+        outputs += [_transpose(d, k_rows) for d in stored]
         # where T is any, the hoisted GEMMs' dA = dG W here, over their rows padded as the forward's
         # (``lowering.hoisted_rows``, dG read as zeros past its rows; the step reads the rows themselves):
         # a register tile then divides them whatever B, where over n_steps * B rows B=1 left one-row
         # tiles (LSTM (100,1,256), CPU: the weights function 1.37 ms against 0.90 at fixed T)
         rows = _hoisted_rows(T, B)[0]
-        outputs += [_gemm(_padded(d, rows, f"d{g.name}_padded"), transposed[g.name], layout, g.depth,
-                          f"grad_a_{g.name}") for g, d in zip(forward.gemms, d_results) if g.stage == 0]
-    inputs = [x, *params.values(), *stored.values(), *d_results]
+        outputs += [_gemm(_padded(d_results[g.name], rows, f"d{g.name}_padded"), transposed[g.name], layout, g.depth,
+                          f"grad_a_{g.name}") for g in forward.hoisted]
+    inputs = [x, *params.values(), *stored_operands.values(), *stored]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
-def _weights_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout, kept: list[str]):
+def _weights_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout, kept: list[str], shared: dict):
     """dW = dG^T A per GEMM; dA = dG W per hoisted GEMM, on to x and the parameters."""
     cell, forward, rows, between = plan.cell, plan.forward, T * B, _between(plan, dtype)
     x, states, params = placeholders(cell, rows, dtype)
     hoisted = trace_hoisted(forward, x, states, params, layout)
-    d_results = {g.name: te.placeholder((rows, g.rows), between, name=f"d{g.name}_seq") for g in forward.gemms}
+    d_results = _adjoints_stored(forward, rows, between, shared)
     k_rows = _k_rows(T, B)
     packed = {
         g.name: te.placeholder(layout.shape(k_rows, g.depth), between, name=f"w_packed_a{i}")
@@ -622,7 +669,9 @@ def _weights_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
         d_operands = [_gemm(d_results[g.name], transposed[g.name], layout, g.depth, f"grad_a_{g.name}")
                       for g in forward.hoisted]
     dx, *found = adjoints([hoisted.operands[g.name] for g in forward.hoisted], d_operands, [x, *params.values()])
-    by_row = {g.name: te.placeholder((g.rows, k_rows), between, name=f"d{g.name}_transposed") for g in forward.gemms}
+    by_row = {g.name: te.placeholder((g.rows, k_rows), between, name=f"d{g.name}_transposed")
+              for g in forward.gemms if shared[g.name] == g.name}
+    by_row = {g.name: by_row[shared[g.name]] for g in forward.gemms}
     d_weights = {
         g.name: _weight_gemm(by_row[g.name], packed[g.name], layout, g.depth, f"grad_w_{g.name}")
         for g in forward.gemms
@@ -637,9 +686,21 @@ def _weights_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
         if name in kept:
             terms.append(_unflattened(d_steps[name], p.shape))
         outputs.append(_total(terms, p.shape, dtype, f"d{name}"))
-    inputs = [x, *params.values(), *d_results.values(), *packed.values(), *transposed.values(), *d_steps.values(),
-              *d_x_steps, *by_row.values(), *(d_operands if _any(T) else [])]
+    inputs = [x, *params.values(), *_distinct(d_results), *packed.values(), *transposed.values(), *d_steps.values(),
+              *d_x_steps, *_distinct(by_row), *(d_operands if _any(T) else [])]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+
+
+def _adjoints_stored(forward: Plan, rows, dtype: str, shared: dict) -> dict:
+    """By GEMM, the buffer of its result's adjoint that rows wrote (``d<g>_seq``; shared ones one
+    placeholder)."""
+    own = {g.name: te.placeholder((rows, g.rows), dtype, name=f"d{g.name}_seq")
+           for g in forward.gemms if shared[g.name] == g.name}
+    return {g.name: own[shared[g.name]] for g in forward.gemms}
+
+
+def _distinct(tensors: dict) -> list:
+    return list({t.op.name: t for t in tensors.values()}.values())
 
 
 def _hoisted_rows(T, B: int):

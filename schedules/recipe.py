@@ -125,6 +125,20 @@ def is_pure_copy(sch: Schedule, block) -> bool:
     return type(value).__name__ in ("BufferLoad", "TensorLoad")  # TVM 0.27 names the class TensorLoad
 
 
+def only_moves(sch: Schedule, block) -> bool:
+    """A block whose value is a load (``is_pure_copy``) or one of several picked by conditions: a
+    gather from several buffers, as the backward's rows reads the reversed loop's gate blocks."""
+
+    def moves(value) -> bool:
+        while type(value).__name__ == "Cast":
+            value = value.value
+        if type(value).__name__ == "Call" and value.op.name.endswith(".if_then_else"):
+            return moves(value.args[1]) and moves(value.args[2])
+        return type(value).__name__ in ("BufferLoad", "TensorLoad")
+
+    return moves(sch.get(block).body.value)
+
+
 def copies_rows(sch: Schedule, block) -> bool:
     """Whether ``block`` copies elementwise along rows: two spatial loops, out[i, j] = src[i, j] (a
     cast of it, or where a condition holds, else a constant: zeros past a buffer's rows,
@@ -217,8 +231,9 @@ INLINE_CONDITIONS = 64  # conditions (Select, if_then_else) inlining a block may
 def inline_elementwise(sch: Schedule, scope, keep=()) -> None:
     """Fuse the elementwise math of a scope into the blocks that write its results.
 
-    Every elementwise block is inlined into its consumers, except one that feeds a GEMM with real
-    arithmetic (the r * h operand of a later stage): that one is computed once and stored.
+    Every elementwise block is inlined into its consumers, except one that feeds a reduction (a GEMM,
+    a sum) with real arithmetic (the r * h operand of a later stage): that one is computed once and
+    stored; one that only moves values (``only_moves``) is inlined there too.
     Output blocks (those writing the scope's views) and blocks named in ``keep`` stay, and so does a
     block that its consumers read so often that inlining would copy more than INLINE_CONDITIONS of
     its conditions (``_copied_conditions``).
@@ -232,7 +247,7 @@ def inline_elementwise(sch: Schedule, scope, keep=()) -> None:
             consumers = sch.get_consumers(block)
             if not consumers:  # writes an output view
                 continue
-            if any(is_reduction(sch, c) for c in consumers) and not is_pure_copy(sch, block):
+            if any(is_reduction(sch, c) for c in consumers) and not only_moves(sch, block):
                 continue
             if _copied_conditions(sch, block, consumers) > INLINE_CONDITIONS:
                 continue
