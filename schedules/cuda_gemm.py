@@ -203,13 +203,13 @@ def _wgmma_tile(knobs: dict, program, target, rows: int, cols: int, depth: int, 
     wgmma_step) fits; else None."""
     if not (knobs["wgmma"] and wgmma_available(program.dtype, target, tf32)):
         return None
-    tile = _chosen_tile(knobs, rows, cols, target, step)
+    tile = _chosen_tile(knobs, rows, cols, target, step, depth)
     return tile if tile.fits(cols, depth, program.dtype, target) else None
 
 
-def _chosen_tile(knobs: dict, rows: int, cols: int, target, step: bool) -> WgmmaTile:
+def _chosen_tile(knobs: dict, rows: int, cols: int, target, step: bool, depth=None) -> WgmmaTile:
     name = knobs["wgmma_step" if step else "wgmma_hoisted"]
-    return wgmma_tile(rows, cols, target) if name == "auto" else WgmmaTile.parse(name)
+    return wgmma_tile(rows, cols, target, depth) if name == "auto" else WgmmaTile.parse(name)
 
 
 def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None, tf32: bool | None = None) -> bool:
@@ -233,7 +233,8 @@ def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool
     m, n, k = (sch.get(loop).extent for loop in sch.get_loops(block)[-3:])
     if use_tensor_cores(knobs, program, target, rows if step else None):
         cols = int(n)
-        wgmma = _wgmma_tile(knobs, program, target, rows, cols, k, step, tf32_gemms(program, step))
+        m_rows = int(m) if isinstance(m, IntImm) else rows  # a GEMM's own M (a weight gradient's)
+        wgmma = _wgmma_tile(knobs, program, target, m_rows, cols, k, step, tf32_gemms(program, step))
         if wgmma is not None and _divides_rows(m, wgmma.bm) and gemm_wgmma(sch, block, wgmma, program.dtype):
             return
         if step:

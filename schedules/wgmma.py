@@ -117,21 +117,38 @@ def wgmma_available(dtype: str, target, allow_tf32: bool = False) -> bool:
             and target.compute_capability == ARCH and tensorize_works())
 
 
-def wgmma_tile(rows: int, cols: int, target) -> WgmmaTile:
+LONG_K = 2048  # a GEMM's K from which two warpgroups by 256 columns pay off at one wave of blocks
+
+
+def wgmma_tile(rows: int, cols: int, target, depth=None) -> WgmmaTile:
     """The fastest tile measured for the shape's kind (H100). Where two warpgroups by 256
-    columns make four waves of blocks or more (the hoisted GEMM over all T*B rows): that tile, four
-    stages, one wgmma group in flight (573 us at 25600 x 4096 x 1024; 128 columns in five stages
-    577, without the group in flight 626-638). A step's few rows: one warpgroup, 128 columns in six
-    stages (10.5 us at 256 x 4096 x 1024, 128 blocks) or, where that leaves half the SMs idle, 64
-    columns in four (11.1 us at 64 x 8192 x 2048 against 11.7). With 8-byte stores: 387
-    against 422 us hoisted, a step's 7.3 against 7.7 and 9.0; TF32 the same choice (681 against
-    809 us hoisted, a step's 12.4 against 13.7); the recipe's knobs wgmma_hoisted and wgmma_step
-    choose others."""
+    columns make four waves of blocks or more (the hoisted GEMM over all T*B rows), or one wave
+    where K (``depth``: a number, or an expression in a function's sequence length, whose rows it
+    sums) is long (the backward's GEMMs over all rows): that tile, four stages, one wgmma group in
+    flight (573 us at 25600 x 4096 x 1024; 128 columns in five stages 577, without the group in
+    flight 626-638). A step's few rows: one warpgroup, 128 columns in six stages (10.5 us at 256 x
+    4096 x 1024, 128 blocks) or, where that leaves half the SMs idle, 64 columns in four (11.1 us at
+    64 x 8192 x 2048 against 11.7). With 8-byte stores: 387 against 422 us hoisted, a step's 7.3
+    against 7.7 and 9.0; TF32 the same choice (681 against 809 us hoisted, a step's 12.4 against
+    13.7); the recipe's knobs wgmma_hoisted and wgmma_step choose others. The backward's, H200,
+    fp16, us, two warpgroups by 256 against one by 128 (``benchmarks/gemm_tiles.py``; cuBLAS):
+    4096 x 1024 x 6400 (a weight gradient, B = 64) 78 against 109 (69), 6400 x 1024 x 4096 (its
+    operand's) 99 against 122 (78), 4096 x 1024 x 25600 296 against 431 (265); TF32 143 against 213
+    (131); at 2048 x 512 x 1600 (32 blocks) 20.3 against 8.3."""
     wide = WgmmaTile(2, 256, 4, True) if cols % 256 == 0 else WgmmaTile(2, 128, 5, True)
-    if cols % wide.bn == 0 and wide.blocks(rows, cols) >= 4 * target.sms:
+    long = _long(depth)
+    if cols % wide.bn == 0 and wide.blocks(rows, cols) >= (0.9 if long else 4) * target.sms:
         return wide
     step = WgmmaTile(1, 128, 6, True)
     return step if cols % 128 == 0 and 2 * step.blocks(rows, cols) > target.sms else WgmmaTile(1, 64, 4, False)
+
+
+def _long(depth) -> bool:
+    """Whether K is at least LONG_K: a number (0 or None: not known), or an expression in a function's
+    sequence length (the rows of a sequence, long at the sequence lengths that matter)."""
+    if depth is None or isinstance(depth, (int, IntImm)):
+        return depth is not None and int(depth) >= LONG_K
+    return True
 
 
 def gemm_wgmma(sch: Schedule, block, tile: WgmmaTile, dtype: str) -> bool:

@@ -89,6 +89,13 @@ def test_tiles_follow_the_measured_shapes():
     assert wgmma_tile(25600, 4224, H100) == WgmmaTile(2, 128, 5, True)  # columns not whole 256s
     assert wgmma_tile(256, 4096, H100) == WgmmaTile(1, 128, 6, True)  # a step's rows
     assert wgmma_tile(64, 8192, H100) == WgmmaTile(1, 64, 4, False)  # 128 columns: 64 blocks
+    # the backward's over all rows: a long K takes the wide tile from one wave of blocks
+    assert wgmma_tile(4096, 1024, H100, depth=6400) == WgmmaTile(2, 256, 4, True)  # a weight gradient
+    assert wgmma_tile(4096, 1024, H100, depth=1024) == WgmmaTile(1, 128, 6, True)  # K short: 128 blocks
+    assert wgmma_tile(4096, 1024, H100) == WgmmaTile(1, 128, 6, True)  # K not known
+    rows = tirx.Var("n_steps", "int32") * 64  # a function's rows for any T
+    assert wgmma_tile(4096, 1024, H100, depth=rows) == WgmmaTile(2, 256, 4, True)
+    assert wgmma_tile(2048, 512, H100, depth=1600) == WgmmaTile(1, 128, 6, True)  # 32 wide blocks
     assert not WgmmaTile(1, 128, 6, True).fits(4096, 1000, "float16", H100)  # K not whole tiles
     assert not WgmmaTile(2, 256, 6, True).fits(4096, 1024, "float16", H100)  # 288 KiB of shared memory
 
