@@ -9,6 +9,7 @@ from halstm.compiler import signature
 from halstm.lowering import PackedLayout
 from halstm.runtime import SequenceFunction
 from halstm.schedules import CpuStepLoop, recipes_for
+from halstm.schedules.recipe import is_reduction
 from halstm.targets import CpuTarget
 
 TARGET = CpuTarget(mcpu="x86-64-v3", cores=2, lanes=8)
@@ -83,6 +84,23 @@ def test_cpu_recipe_schedules_the_backwards_sums_transposes_and_gemms_over_all_r
     forward = halstm.lower(halstm.LSTM(16, 32), 4, 8, layout=program.prepare.layout)
     step = recipe.apply(forward, target, **knobs)
     assert [step.get(loop).extent for loop in step.get_loops(step.get_sblock("gemm0_update"))][-2:] == [4, 32]
+
+
+def test_a_gather_stays_before_a_gemm_and_inlines_into_a_sum():
+    """A block that gathers several buffers: the reversed loop's GEMM operand (the gate blocks side
+    by side) stays a copy of its own before the CPU's GEMM micro-kernel (inlined there, the loop of
+    LSTM (100,16,512) took twice as long); rows' bias sums read the loop's gate blocks themselves."""
+    from halstm.gradients import lower_backward_for
+
+    target = CpuTarget(mcpu="skylake-avx512", cores=2, lanes=16)
+    recipe, knobs, program, _ = lower_backward_for(halstm.LSTM(16, 32), 4, 8, "float32", target)
+    loop = halstm.lower(program.adjoint, 5, 8, layout=program.prepare.layout)
+    step = recipe.apply(loop, target, **knobs)
+    assert "gemm0_operand" in [step.get(b).name_hint for b in step.get_child_blocks(step.get_sblock("step"))]
+    rows = recipe.apply(program.rows, target, **knobs)
+    sums = [b for b in rows.get_child_blocks(rows.get_sblock("step")) if is_reduction(rows, b)]
+    assert sums and all(any(r.source.name == "dgemm0_0_seq" for r in rows.get(b).reads) for b in sums
+                        if rows.get(b).name_hint.endswith("_update"))
 
 
 def test_gpu_recipe_preference_follows_the_measured_sizes():
