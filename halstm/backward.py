@@ -97,6 +97,7 @@ class BackwardPlan:
     exact_weights: bool = False  # the weight gradients' GEMM operands in float32 whatever the dtype
     tf32: bool = False  # those operands rounded to TF32 (``_operand``)
     given_hoisted: bool = False  # the hoisted GEMMs' results are arguments: the forward's, kept
+    given_results: bool = False  # so are the first stage's (``lowering.kept_results``)
 
     @property
     def cell(self) -> Cell:
@@ -131,7 +132,7 @@ class BackwardPlan:
         """The prepare function's GEMMs: the hoisted ones in its prologue (unless given), the first
         stage's in its step."""
         hoisted = [] if self.given_hoisted else self.forward.hoisted
-        return Plan(self.cell, self.forward.matmuls, hoisted, self.forward.stages[:1])
+        return Plan(self.cell, self.forward.matmuls, hoisted, [] if self.given_results else self.forward.stages[:1])
 
     def rows_plan(self) -> Plan:
         """The rows function's GEMMs as recipes read a plan: the forward's later stages and the
@@ -145,9 +146,10 @@ class BackwardPlan:
         return Plan(self.cell, [], [], [self.after_loop])
 
     def __str__(self):
-        recomputed = ", ".join(g.name for g in self.forward.gemms
-                               if g.stage == 1 or g.stage == 0 and not self.given_hoisted)
-        given = ", ".join(g.name for g in self.forward.hoisted) if self.given_hoisted else ""
+        given = [g for g in self.forward.gemms
+                 if g.stage == 0 and self.given_hoisted or g.stage == 1 and self.given_results]
+        recomputed = ", ".join(g.name for g in self.forward.gemms if g.stage <= 1 and g not in given)
+        given = ", ".join(g.name for g in given)
         read = ", ".join(g.name for g in self.forward.gemms if g.stage <= 1)
         lines = [f"backward plan for {self.cell!r}",
                  "  prepare, over all T*B rows: " + (f"{given} given (the forward's); " if given else "")
@@ -236,6 +238,7 @@ def lower_backward(
     exact_weights: bool = False,
     allow_tf32: bool = False,
     given_hoisted: bool = False,
+    given_results: bool = False,
 ) -> BackwardProgram:
     """The backward of ``lower(cell, steps, batch, dtype, plan, layout)`` (unscheduled). Its weights
     are packed in ``layout``'s strips, (K, N) otherwise, the gates' columns in order: columns grouped
@@ -248,11 +251,12 @@ def lower_backward(
     ``exact_weights``: the weight gradients' GEMMs on float32 operands (``_between``);
     ``allow_tf32``: float32 GEMMs may run on tensor cores as TF32 (``halstm.compile``'s);
     ``given_hoisted``: prepare takes the hoisted GEMMs' results as arguments (the forward's, rows as
-    ``lowering.hoisted_rows``) instead of computing them again.
+    ``lowering.hoisted_rows``) instead of computing them again; ``given_results``: the first stage's
+    too (a forward lowered with ``keep_results``: ``lowering.kept_results``' buffers).
     ``steps=None``: for any T, each function's rows in its first argument ``STEPS`` (``n_steps``)."""
     k_major = bool(layout and layout.k_major and allow_tf32)
     backward = BackwardPlan(plan or make_plan(cell), gathered, exact_weights, k_major and dtype == "float32",
-                            given_hoisted)
+                            given_hoisted, given_results)
     layout = PackedLayout(tile=layout.tile, k_major=k_major) if layout else PackedLayout()
     T = steps_var(steps)
     prepare = _prepare(backward, T, batch, dtype, layout)
@@ -322,15 +326,20 @@ def _prepare(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) ->
     args += [Arg(n, tuple(shape), dtype, "buffer") for n, shape in adjoint.parameters().items()
              if n not in cell.parameters()]
     rows = _hoisted_rows(T, B)[1]  # where T is any, padded as the forward's (``_prepare_prologue``)
+    padded = dimension_of(_hoisted_rows(T, B)[0], T, "hoisted") if _any(T) else T * B
     if plan.given_hoisted:
-        padded = dimension_of(_hoisted_rows(T, B)[0], T, "hoisted") if _any(T) else T * B
         args += [Arg(g.name, (padded, g.rows), ACCUMULATE, "hoisted") for g in forward.hoisted]
         allocs = []
     else:
         allocs = [f'{g.name} = T.alloc_buffer(({rows}, {g.rows}), "{ACCUMULATE}")' for g in forward.hoisted]
-    allocs += [f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")' for i, g in first]
+    if plan.given_results:
+        args += [Arg(f"{g.name}_steps", (padded, g.rows), ACCUMULATE, "hoisted") for _, g in first]
+    else:
+        allocs += [f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")' for i, g in first]
     prologue = [_body(_prepare_prologue(plan, T, B, dtype, layout))]
     views = [_view(f"{g.name}_t", g.name, "0", T * B, g.rows, ACCUMULATE) for g in forward.hoisted]
+    if plan.given_results:
+        views += [_view(f"{g.name}_given", f"{g.name}_steps", "0", T * B, g.rows, ACCUMULATE) for _, g in first]
     views += [_view("x_t", "x", "0", T * B, cell.input_size, dtype)] if forward.x_in_step else []
     views += [_view(f"{s}_t", f"{s}_seq", "0", T * B, H, dtype) for s in cell.states]
     views += [_view(f"{s}_after", f"{s}_seq", str(B), T * B, H, dtype) for s in cell.states] if adjoint.reads_next else []
@@ -347,7 +356,8 @@ def _prepare_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedL
     x, states, params = placeholders(cell, T * B, dtype)
     hoisted = trace_hoisted(forward, _padded(x, _hoisted_rows(T, B)[0]) if _any(T) else x, states, params, layout)
     outputs = [] if plan.given_hoisted else [hoisted.gemms[g.name] for g in forward.hoisted]
-    outputs += [hoisted.packed[g.name] for g in forward.gemms if g.stage == 1]
+    if not plan.given_results:
+        outputs += [hoisted.packed[g.name] for g in forward.gemms if g.stage == 1]
     first = adjoint.transposed()
     later = {f"{m.weight}_t": params[m.weight] for g in forward.gemms if g.stage > 1 for m in g.members}
 
@@ -369,7 +379,9 @@ def _prepare_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
     cell, forward, H, adjoint = plan.cell, plan.forward, plan.cell.hidden_size, plan.adjoint
     # where T is any, the first stage's GEMMs over the rows padded as the hoisted GEMMs' (``hoisted_rows``):
     # a GEMM tile then divides them (over n_steps * B rows its tiles' shared stages had symbolic sizes)
-    step = trace_step(forward, T * B, dtype, layout, rows=_hoisted_rows(T, B)[0] if _any(T) else None)
+    given = {g.name: te.placeholder((T * B, g.rows), ACCUMULATE, name=f"{g.name}_given")
+             for g in forward.gemms if g.stage == 1 and plan.given_results}
+    step = trace_step(forward, T * B, dtype, layout, given=given, rows=_hoisted_rows(T, B)[0] if _any(T) else None)
     after = [te.placeholder((T * B, H), dtype, name=f"{s}_after") for s in cell.states] if adjoint.reads_next else []
     grads = [te.placeholder((T * B, H), dtype, name=f"g{s}_t") for s in cell.states]
     source = {g.name: step.x_proj[g.name] for g in forward.hoisted}
@@ -379,7 +391,7 @@ def _prepare_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
     if forward.x_in_step:
         source["x"] = step.x
     rows = T * B
-    padded = {g.name for g in forward.gemms if g.stage == 1} if _any(T) else set()
+    padded = {g.name for g in forward.gemms if g.stage == 1 and g.name not in given} if _any(T) else set()
 
     def at(r, j):  # lazy selects: TVM simplifies a read's index under the conditions that select it
         row, zero = _reversed_row(r, T, B), te.const(0, ACCUMULATE)
@@ -396,7 +408,7 @@ def _prepare_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
         return value.astype(dtype)
 
     xa = te.compute(((T + 1) * B, adjoint.input_size), at, name="adjoint_x")
-    inputs = [*step.inputs, *after, *grads]
+    inputs = [*step.inputs, *given.values(), *after, *grads]
     return _prim_func(inputs, [xa], [t.op.name for t in inputs + [xa]])
 
 

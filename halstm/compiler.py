@@ -12,7 +12,7 @@ from halstm import schedules, targets
 
 from .cell import BUILD_LOCK, Cell, check_cell
 from .database import Database, Record, best, nearest_steps, tuning_key
-from .lowering import PackedLayout, Program, lower
+from .lowering import PackedLayout, Program, kept_results, lower
 from .plan import make_plan
 from .runtime import SequenceFunction, Signature
 from .scratch import lift_module
@@ -42,6 +42,7 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     knobs: dict | None = None,
     database=None,
     allow_tf32: bool = False,
+    keep_results: bool = False,
 ) -> CompiledCell:
     """Compile ``cell`` for sequences of ``steps`` steps and ``batch`` rows; ``steps=None``: for
     sequences of any length, T read off each call's x (choices made for ``lowering.NOMINAL_STEPS``).
@@ -59,7 +60,10 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     its GEMMs as three TF32 products each (``schedules.cuda_gemm.split_tf32``, within float32's
     tolerance; ``knobs={"tensor_cores": False}`` keeps them on FFMA cores).
     A malformed or stale record, or a database that cannot be read, is passed over with a warning
-    (``_best_record``, ``_choose``). The choice is kept in the compiled-module cache
+    (``_best_record``, ``_choose``). ``keep_results`` (the CPU): the first stage's GEMM results of
+    every step stay, as the hoisted GEMMs' do, for ``sequences_keeping`` to return
+    (``lowering.kept_results``; a training forward: ``compile_backward(..., given_hoisted=True)``
+    then reads them). The choice is kept in the compiled-module cache
     (``cache.decided``): a later process skips the analysis it takes. Threads may call it at once:
     they compile one at a time (``BUILD_LOCK``).
     """
@@ -67,7 +71,9 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     target = targets.resolve(target)
     plan = make_plan(cell)
     steps = None if steps is None else int(steps)
-    program = lower(cell, steps, int(batch), dtype, plan, allow_tf32=allow_tf32)
+    if keep_results and target.kind != "cpu":
+        raise ValueError(f"keep_results: only the CPU's step loop keeps its GEMM results, not {target.kind}'s recipes")
+    program = lower(cell, steps, int(batch), dtype, plan, allow_tf32=allow_tf32, keep_results=keep_results)
     record = None
     if recipe is not None:
         recipe = schedules.named(recipe) if isinstance(recipe, str) else recipe
@@ -87,13 +93,14 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     recipe = recipe or schedules.named(choice["recipe"])
     knobs, layout = choice["knobs"], PackedLayout(**choice["layout"])
     if layout != program.layout:
-        program = lower(cell, steps, int(batch), dtype, plan, layout, allow_tf32)
+        program = lower(cell, steps, int(batch), dtype, plan, layout, allow_tf32, keep_results)
 
     def build():
         schedule = recipe.apply(program, target, **knobs)
         if schedule is None:
             raise ValueError(f"recipe '{recipe.name}' does not apply to {cell!r} on {target}")
-        mod, scratch = lift_module(schedule.mod, target, kept=tuple(g.name for g in program.plan.hoisted))
+        kept = [g.name for g in program.plan.hoisted] + (kept_results(plan) if program.keeps_results else [])
+        mod, scratch = lift_module(schedule.mod, target, kept=tuple(kept))
         module = target.build(mod, **getattr(recipe, "build_options", {}))
         return CompiledCell(program, target, recipe, knobs, schedule, module, record, scratch.get("main", ()))
 

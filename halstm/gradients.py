@@ -35,7 +35,7 @@ from .scratch import lift_module
 @serialised
 def compile_backward(cell: Cell, steps: int | None, batch: int, dtype: str = "float32", target="cpu",
                      knobs: dict | None = None, database=None, allow_tf32: bool = False,
-                     loop_recipe=None, given_hoisted: bool = False) -> CompiledBackward:
+                     loop_recipe=None, given_hoisted: bool = False, given_results: bool = False) -> CompiledBackward:
     """The backward of ``halstm.compile(cell, steps, batch, dtype, target)`` (``halstm.backward``):
     its reversed time loop, the adjoint cell, compiled as ``halstm.compile`` compiles a cell (the
     recipe the tuning ``database``'s records or the defaults choose: ``halstm tune --training``);
@@ -47,12 +47,14 @@ def compile_backward(cell: Cell, steps: int | None, batch: int, dtype: str = "fl
     ``recipe``; None: the database's records or the defaults choose. ``given_hoisted``: the call
     takes the forward's hoisted GEMM results (``hoisted=``, as ``CompiledCell.sequences_keeping``
     keeps them) instead of computing them again: the forward keeps T*B rows of each (float32)
-    alive until the backward, and the backward does one GEMM over all rows less a hoisted GEMM."""
+    alive until the backward, and the backward does one GEMM over all rows less a hoisted GEMM.
+    ``given_results``: the first stage's GEMM results too, as a forward compiled with
+    ``keep_results`` keeps them (``lowering.kept_results``' names, in ``hoisted=``)."""
     check_problem(cell, steps, batch, dtype)
     target = targets.resolve(target)
     steps = None if steps is None else int(steps)
     recipe, knobs, program, exact = _backward_programs(cell, steps, int(batch), dtype, target, knobs, allow_tf32,
-                                                       given_hoisted)
+                                                       given_hoisted, given_results)
     adjoint = compile_cell(program.adjoint, None if steps is None else steps + 1, int(batch), dtype, target,
                            recipe=loop_recipe, database=database, allow_tf32=allow_tf32)
     from . import cache
@@ -88,7 +90,7 @@ def lower_backward_for(cell: Cell, steps: int | None, batch: int, dtype: str, ta
 
 
 def _backward_programs(cell: Cell, steps: int | None, batch: int, dtype: str, target, knobs: dict | None,
-                       allow_tf32: bool, given_hoisted: bool = False):
+                       allow_tf32: bool, given_hoisted: bool = False, given_results: bool = False):
     """(recipe, knobs, BackwardProgram, the exact program's lowering or None) for ``compile_backward``:
     the target's step-loop recipe and its knobs, the backward lowered in its layout, its reversed
     loop's operand GEMMs one a gate where the persistent kernel runs it in fp16/bf16 (each polling a
@@ -108,12 +110,13 @@ def _backward_programs(cell: Cell, steps: int | None, batch: int, dtype: str, ta
     on_tensor_cores = target.kind == "cuda" and (dtype != "float32" or allow_tf32)
     gathered = reversed_loop(cell, steps, batch, dtype, target, plan, allow_tf32).gathered
     program = lower_backward(cell, steps, batch, dtype, plan, layout, gathered, allow_tf32=allow_tf32,
-                             given_hoisted=given_hoisted)
+                             given_hoisted=given_hoisted, given_results=given_results)
     if not on_tensor_cores:
         return recipe, knobs, program, None
     exact_options = dict(allow_tf32=False) if dtype == "float32" else dict(exact_weights=True)
     return recipe, knobs, program, lambda: lower_backward(cell, steps, batch, dtype, plan, layout, gathered,
-                                                          given_hoisted=given_hoisted, **exact_options)
+                                                          given_hoisted=given_hoisted, given_results=given_results,
+                                                          **exact_options)
 
 
 def reversed_loop(cell: Cell, steps: int | None, batch: int, dtype: str, target, plan=None,

@@ -67,6 +67,7 @@ class Program:
     source: str  # the TVMScript of ``func``
     args: list[Arg]
     allow_tf32: bool = False  # fp32 GEMMs may run on tensor cores as TF32 (operands to 10 mantissa bits)
+    keeps_results: bool = False  # the first stage's GEMM results of every step stay (``kept_results``)
 
     @property
     def func(self) -> tvm.tirx.PrimFunc:
@@ -362,11 +363,25 @@ def _prologue(plan: Plan, steps: int | None, batch: int, dtype: str, layout: Pac
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
-def _step(plan: Plan, batch: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
-    """One step on row-block views: per stage the combined GEMM, then the elementwise math."""
+def _step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, keep_results: bool = False) -> tvm.tirx.PrimFunc:
+    """One step on row-block views: per stage the combined GEMM, then the elementwise math; with
+    ``keep_results`` the first stage's GEMM results copied to views of their own too (``<gemm>_kept``;
+    the GEMM writing such a view itself, the CPU recipe's register tile could not match it)."""
     step = trace_step(plan, batch, dtype, layout, split_k=True)
     nexts = [_storage(t, dtype, f"{s}_next") for s, t in zip(plan.cell.states, step.traced.next_states)]
-    return _prim_func(step.inputs, nexts, [t.op.name for t in step.inputs + nexts])
+    kept = [_copy(step.gemms[g.name], f"{g.name}_kept") for g in plan.step_gemms if g.stage == 1] if keep_results else []
+    return _prim_func(step.inputs, kept + nexts, [t.op.name for t in step.inputs + kept + nexts])
+
+
+def _copy(t: te.Tensor, name: str) -> te.Tensor:
+    return te.compute(t.shape, lambda *i: t(*i), name=name)
+
+
+def kept_results(plan: Plan) -> list[str]:
+    """The buffers of the first stage's GEMM results over all steps that a function lowered with
+    ``keep_results`` writes (``<gemm>_steps``: rows as the hoisted GEMMs' results, float32), which
+    the backward reads instead of computing them again (``compile_backward(..., given_hoisted=True)``)."""
+    return [f"{g.name}_steps" for g in plan.step_gemms if g.stage == 1]
 
 
 @dataclass
@@ -557,9 +572,10 @@ def indent(lines, n: int) -> str:
 
 
 def skeleton(plan: Plan, steps: int | None, batch: int, dtype: str, layout: PackedLayout,
-             hoisted_only: bool = False) -> Skeleton:
+             hoisted_only: bool = False, keep_results: bool = False) -> Skeleton:
     """``hoisted_only``: the prologue computes the hoisted GEMMs alone; the time loop reads the step's
-    weights where they are and copies the initial states itself (the persistent kernel)."""
+    weights where they are and copies the initial states itself (the persistent kernel).
+    ``keep_results``: the buffers ``kept_results`` and a step's view of each."""
     cell, T, B, H = plan.cell, steps, batch, plan.cell.hidden_size
     args = [Arg(STEPS, (), "int32", "steps")] if T is None else []  # T, which the buffers' rows follow
     args += [Arg.sequence("x", T, B, 0, cell.input_size, dtype, "x")]
@@ -567,6 +583,8 @@ def skeleton(plan: Plan, steps: int | None, batch: int, dtype: str, layout: Pack
     args += [Arg(n, tuple(shape), dtype, "param") for n, shape in cell.parameters().items()]
     args += [Arg.sequence(f"{s}_seq", T, B, 1, H, dtype, "output") for s in cell.states]
     allocs = [f'{g.name} = T.alloc_buffer(({hoisted_rows(T, B)[1]}, {g.rows}), "{ACCUMULATE}")' for g in plan.hoisted]
+    first = [g for g in plan.step_gemms if g.stage == 1] if keep_results else []
+    allocs += [f'{g.name}_steps = T.alloc_buffer(({hoisted_rows(T, B)[1]}, {g.rows}), "{ACCUMULATE}")' for g in first]
     allocs += [
         f'w_packed{i} = T.alloc_buffer({layout.of(g).shape(g.depth, g.rows)}, "{dtype}")'
         for i, g in enumerate(plan.gemms)
@@ -580,6 +598,7 @@ def skeleton(plan: Plan, steps: int | None, batch: int, dtype: str, layout: Pack
         views.append(StepView("x_t", "x", B, cell.input_size, dtype))
     views += [StepView(f"{s}_t", f"{s}_seq", B, H, dtype) for s in cell.states]
     views += [StepView(f"{s}_next", f"{s}_seq", B, H, dtype, ahead=B) for s in cell.states]
+    views += [StepView(f"{g.name}_kept", f"{g.name}_steps", B, g.rows, ACCUMULATE) for g in first]
     return Skeleton(args, allocs, prologue, views)
 
 
@@ -635,16 +654,22 @@ def lower(
     plan: Plan | None = None,
     layout: PackedLayout = PackedLayout(),
     allow_tf32: bool = False,
+    keep_results: bool = False,
 ) -> Program:
-    """The whole sequence as one PrimFunc ``main`` (unscheduled); ``steps=None``: for any T."""
+    """The whole sequence as one PrimFunc ``main`` (unscheduled); ``steps=None``: for any T.
+    ``keep_results``: every step's first-stage GEMM results stay in buffers of their own
+    (``kept_results``), where the step loop computes them whole (no K slices)."""
     plan = plan or make_plan(cell)
     check_sizes(plan, steps or 1, batch, layout)
-    frame = skeleton(plan, steps, batch, dtype, layout)
+    if keep_results and layout.split_k > 1:
+        raise ValueError("keep_results: a step's GEMM results are kept whole, not in K slices (split_k)")
+    frame = skeleton(plan, steps, batch, dtype, layout, keep_results=keep_results)
     loop = f"""    for t in range({steps or STEPS}):
         with T.sblock("step"):
 {indent(frame.step_views, 12)}
-{indent([_body(_step(plan, batch, dtype, layout))], 12)}"""
-    return Program(cell, plan, steps, batch, dtype, layout, frame.source(loop), frame.args, allow_tf32)
+{indent([_body(_step(plan, batch, dtype, layout, keep_results))], 12)}"""
+    return Program(cell, plan, steps, batch, dtype, layout, frame.source(loop), frame.args, allow_tf32,
+                   keep_results)
 
 
 def cell_hash(cell: Cell) -> str:

@@ -32,11 +32,20 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from . import cells as builtin
 from .compiler import BUILD_LOCK, compile as compile_cell
 from .gradients import compile_backward
-from .lowering import cell_hash
+from .lowering import cell_hash, kept_results
+
+def _compile_keeping(cell, steps, batch, dtype, target, allow_tf32: bool = False):
+    """``halstm.compile`` of a training forward on the CPU: its step loop keeps the first stage's GEMM
+    results too (``keep_results``), which the backward then reads instead of computing them again
+    (LSTM (100,16,512), 2-core CPU, one GEMM over all rows less: ``docs/results.md#training``)."""
+    return compile_cell(cell, steps, batch, dtype, target, allow_tf32=allow_tf32, keep_results=True)
+
 
 def _compile_backward_given(cell, steps, batch, dtype, target, allow_tf32: bool = False):
-    """``compile_backward`` taking the forward's hoisted GEMM results (``given_hoisted``)."""
-    return compile_backward(cell, steps, batch, dtype, target, allow_tf32=allow_tf32, given_hoisted=True)
+    """``compile_backward`` taking the forward's hoisted GEMM results (``given_hoisted``) and, on the
+    CPU, its first stage's (``given_results``: ``_compile_keeping``'s)."""
+    return compile_backward(cell, steps, batch, dtype, target, allow_tf32=allow_tf32, given_hoisted=True,
+                            given_results=target == "cpu")
 
 
 # The op's key names a cell definition (its lowered expressions' hash, and _TF32_SUFFIX with allow_tf32), so
@@ -48,7 +57,7 @@ _COMPILED: dict[tuple, object] = {}  # (compiler, key, T or None, B, dtype, devi
 # the compilers whose functions serve every sequence length, by device type. H200, LSTM (100,16,512),
 # (100,64,1024) and (100,256,1024), a backward for any T against one compiled for T=100: fp16 1.04-1.06x
 # the time, TF32 1.05-1.08x (benchmarks/any_steps.py --backward); exact float32 1.03-1.07x
-_ANY_STEPS = {"cpu": {compile_cell, compile_backward, _compile_backward_given},
+_ANY_STEPS = {"cpu": {compile_cell, compile_backward, _compile_backward_given, _compile_keeping},
               "cuda": {compile_cell, compile_backward, _compile_backward_given}}
 # Device types where a batch with lengths runs each sequence to its own length (``_by_length_run``):
 # where a step's time grows with its rows. A GPU's step is bound by its latency, not its rows, and
@@ -77,12 +86,14 @@ def _compiled(compiler, key: str, x: torch.Tensor):
 
 def _sequences(key: str, x: torch.Tensor, states, params, keep: bool = False) -> tuple[list[torch.Tensor], dict | None]:
     """Every state of one layer direction at every step: a (T + 1, B, H) tensor per state; with
-    ``keep``, the hoisted GEMMs' results by name too, for the backward to read (else None)."""
+    ``keep``, the hoisted GEMMs' results by name too (on the CPU the first stage's as well:
+    ``_compile_keeping``), for the backward to read (else None)."""
     cell = _CELLS[key]
-    f = _compiled(compile_cell, key, x)
+    f = _compiled(_compile_keeping if keep and x.device.type == "cpu" else compile_cell, key, x)
     params, states = dict(zip(cell.parameters(), params)), dict(zip(cell.states, states))
     if keep:
-        seqs, kept = f.sequences_keeping(x, params, states, [g.name for g in f.plan.hoisted])
+        names = [g.name for g in f.plan.hoisted] + (kept_results(f.plan) if f.program.keeps_results else [])
+        seqs, kept = f.sequences_keeping(x, params, states, names)
     else:
         seqs, kept = f.sequences(x, params, states), None
     return [seqs[s] for s in cell.states], kept

@@ -14,6 +14,7 @@ from test_backward_x import SharedInput
 
 import halstm
 from halstm.gradients import compile_backward, reference_backward
+from halstm.lowering import kept_results
 from halstm.targets import CudaTarget
 
 CELLS = [halstm.LSTM, halstm.GRU, halstm.LayerNormLSTM, SharedInput]
@@ -81,6 +82,39 @@ def test_kept_results_are_the_calls_own(rng):
     forward.sequences_keeping(x1[::-1].copy(), params, states, ["x_proj0"])
     np.testing.assert_array_equal(first["x_proj0"][:12], before)
     np.testing.assert_allclose(before, x1.reshape(12, 5) @ params["weight_ih"].T, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("steps", [5, None], ids=["T5", "any-T"])
+@pytest.mark.parametrize("cell_type", [halstm.LSTM, halstm.ResetBeforeGRU, halstm.LayerNormLSTM, SharedInput],
+                         ids=lambda c: c.__name__)
+def test_kept_step_results_match_float64(cell_type, steps, rng):
+    """A CPU forward that keeps its first stage's GEMM results (``keep_results``): the same sequences,
+    each step's rows the GEMM of the state before it, and a backward reading them
+    (``given_results``) against float64; with those rows changed, its gradients change."""
+    cell = cell_type(6, 6) if cell_type is SharedInput else cell_type(5, 8)
+    plain = halstm.compile(cell, steps, 3, "float32")
+    forward = halstm.compile(cell, steps, 3, "float32", keep_results=True)
+    backward = compile_backward(cell, steps, 3, "float32", given_hoisted=True, given_results=True)
+    names = _kept(forward) + kept_results(forward.plan)
+    assert "gemm0 given (the forward's)" in str(backward.program.plan).replace("x_proj0, ", "")
+    for T in (5,) if steps else (5, 2):
+        x, params, states, grads, want = _problem(cell, T, 3, rng)
+        seqs, kept = forward.sequences_keeping(x, params, states, names)
+        for s, seq in plain.sequences(x, params, states).items():
+            np.testing.assert_allclose(seqs[s], seq, rtol=1e-6, atol=1e-6)
+        if cell_type is halstm.LSTM:  # gemm0 = h_t @ weight_hh^T, step by step
+            h = np.asarray(seqs["h"][:T]).reshape(T * 3, 8)
+            np.testing.assert_allclose(kept["gemm0_steps"][:T * 3], h @ params["weight_hh"].T, rtol=1e-5, atol=1e-6)
+        got = backward(x, params, seqs, grads, hoisted=kept)
+        _assert_close(got, want, TOLERANCE["float32"])
+        noise = rng.standard_normal(kept["gemm0_steps"].shape).astype(np.float32)  # not a shift: LN ignores those
+        changed = {**kept, "gemm0_steps": np.asarray(kept["gemm0_steps"]) + noise}
+        assert rel_err(np.asarray(backward(x, params, seqs, grads, hoisted=changed)[0], np.float64), want[0]) > 1e-3
+
+
+def test_only_the_cpu_keeps_step_results():
+    with pytest.raises(ValueError, match="only the CPU's step loop keeps"):
+        halstm.compile(halstm.LSTM(8, 8), None, 4, "float16", target=CudaTarget("sm_90", sms=132), keep_results=True)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
