@@ -527,30 +527,32 @@ def _same(a: te.Tensor | None, b: te.Tensor | None) -> bool:
 
 
 def _loop_adjoints(plan: BackwardPlan, T, B: int, dtype: str, derived: dict, given: dict) -> tuple[dict, list]:
-    """The adjoints the reversed loop stored that rows takes instead of deriving them again: each
+    """The adjoints the reversed loop stored, which rows takes instead of deriving them again: each
     first-stage GEMM result's (the loop's states d<g>_<j>, gate blocks side by side), for every op
-    whose adjoint the derivation found to be that same tensor (a sum of the result and the hoisted
-    GEMM's, LSTM's gates: then neither rows' derivation from D_{t+1} nor its read of the adjoint
-    cell's input is left). (known adjoints by op, the loop's sequences read)."""
-    H, rows, known, seqs = plan.cell.hidden_size, T * B, {}, []
+    whose adjoint the derivation found to be that same tensor (LSTM's gates, a sum of that result and
+    the hoisted GEMM's: then rows derives nothing from D_{t+1} and reads nothing of the adjoint
+    cell's input). (known adjoints by op, the loop's sequences that they read)."""
+    H, known, seqs = plan.cell.hidden_size, {}, []
     for g in plan.adjoint.first:
         d = derived.get(given[g.name].op)
         if d is None:
             continue
         blocks = [te.placeholder(((T + 2) * B, H), dtype, name=f"d{g.name}_{j}_seq") for j in range(g.rows // H)]
         seqs += blocks
-
-        def stored(blocks):  # row r's step t, from the loop's step T - 1 - t (stored one block on)
-            def value(r, n):
-                row, found = _reversed_row(r, T, B) + B, blocks[-1][_reversed_row(r, T, B) + B, n % H]
-                for j in reversed(range(len(blocks) - 1)):
-                    found = tvm.tirx.if_then_else(n // H == j, blocks[j][row, n % H], found)
-                return found.astype(ACCUMULATE)
-            return value
-
-        loop = te.compute((rows, g.rows), stored(blocks), name=f"d{g.name}_stored")
-        known |= {op: loop for op, a in derived.items() if a.same_as(d)}
+        stored = te.compute((T * B, g.rows), functools.partial(_gate_blocks, blocks, T, B), name=f"d{g.name}_stored")
+        known |= {op: stored for op, a in derived.items() if a.same_as(d)}
     return known, seqs
+
+
+def _gate_blocks(blocks: list, T, B: int, r, n):
+    """Column n of row r's step t from the loop's states, one a gate block of H columns: the loop's
+    step T - 1 - t, stored one row block on."""
+    H = int(blocks[0].shape[1])
+    row = _reversed_row(r, T, B) + B
+    value = blocks[-1][row, n % H]
+    for j in reversed(range(len(blocks) - 1)):
+        value = tvm.tirx.if_then_else(n // H == j, blocks[j][row, n % H], value)
+    return value.astype(ACCUMULATE)
 
 
 # --- weights: all T*B rows at once ---------------------------------------------------------------

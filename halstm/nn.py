@@ -191,7 +191,8 @@ def _run(key, x, states, params, keep: bool = True) -> list[torch.Tensor]:
     backward computes the hoisted GEMMs again); ``keep``: see ``_Sequence``."""
     if torch.compiler.is_compiling():
         return sequence_op(key, x, states, params)
-    return _Sequence.apply(key, len(states), keep, x, *states, *params)
+    # under no_grad no backward runs, though the inputs require gradients (ctx.needs_input_grad)
+    return _Sequence.apply(key, len(states), keep and torch.is_grad_enabled(), x, *states, *params)
 
 
 def _target(device: torch.device):
