@@ -12,7 +12,7 @@ from halstm import schedules, targets
 
 from .cell import BUILD_LOCK, Cell, check_cell
 from .database import Database, Record, best, nearest_steps, tuning_key
-from .lowering import PackedLayout, Program, kept_results, lower
+from .lowering import PackedLayout, Program, lower
 from .plan import make_plan
 from .runtime import SequenceFunction, Signature
 from .scratch import lift_module
@@ -99,8 +99,7 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
         schedule = recipe.apply(program, target, **knobs)
         if schedule is None:
             raise ValueError(f"recipe '{recipe.name}' does not apply to {cell!r} on {target}")
-        kept = [g.name for g in program.plan.hoisted] + (kept_results(plan) if program.keeps_results else [])
-        mod, scratch = lift_module(schedule.mod, target, kept=tuple(kept))
+        mod, scratch = lift_module(schedule.mod, target, kept=tuple(program.kept))
         module = target.build(mod, **getattr(recipe, "build_options", {}))
         return CompiledCell(program, target, recipe, knobs, schedule, module, record, scratch.get("main", ()))
 

@@ -70,6 +70,12 @@ class Program:
     keeps_results: bool = False  # the first stage's GEMM results of every step stay (``kept_results``)
 
     @property
+    def kept(self) -> list[str]:
+        """The scratch buffers a caller may keep after a call (``sequences_keeping``): the hoisted
+        GEMMs' results and, with ``keeps_results``, the first stage's (``kept_results``)."""
+        return [g.name for g in self.plan.hoisted] + (kept_results(self.plan) if self.keeps_results else [])
+
+    @property
     def func(self) -> tvm.tirx.PrimFunc:
         """Parsed on first use, once a process for a source (``parsed``)."""
         return parsed(self.source)

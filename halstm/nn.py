@@ -32,7 +32,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from . import cells as builtin
 from .compiler import BUILD_LOCK, compile as compile_cell
 from .gradients import compile_backward
-from .lowering import cell_hash, kept_results
+from .lowering import cell_hash
 
 def _compile_keeping(cell, steps, batch, dtype, target, allow_tf32: bool = False):
     """``halstm.compile`` of a training forward on the CPU: its step loop keeps the first stage's GEMM
@@ -92,8 +92,7 @@ def _sequences(key: str, x: torch.Tensor, states, params, keep: bool = False) ->
     f = _compiled(_compile_keeping if keep and x.device.type == "cpu" else compile_cell, key, x)
     params, states = dict(zip(cell.parameters(), params)), dict(zip(cell.states, states))
     if keep:
-        names = [g.name for g in f.plan.hoisted] + (kept_results(f.plan) if f.program.keeps_results else [])
-        seqs, kept = f.sequences_keeping(x, params, states, names)
+        seqs, kept = f.sequences_keeping(x, params, states, f.program.kept)
     else:
         seqs, kept = f.sequences(x, params, states), None
     return [seqs[s] for s in cell.states], kept
