@@ -63,6 +63,7 @@ class AdjointCell(Cell):
         self.output = self.states[0]
         self.biases = ()
         self.reads_next = self._reads_next_states()
+        self.summed = self._summed_results()
         self.columns = self._columns()
         starts = itertools.accumulate((w for _, w in self.columns), initial=0)
         self.where = {name: (start, width) for (name, width), start in zip(self.columns, starts)}
@@ -75,7 +76,7 @@ class AdjointCell(Cell):
     def _columns(self) -> list[tuple[str, int]]:
         """(name, width) of the input's columns, in order."""
         cell, H = self.forward.cell, self.forward.cell.hidden_size
-        out = [(g.name, g.rows) for g in self.forward.gemms if g.stage <= 1]
+        out = [(g.name, g.rows) for g in self.forward.gemms if g.stage <= 1 and g.name not in self.summed]
         out += [(s, H) for s in cell.states]
         if self.reads_next:
             out += [(f"{s}_next", H) for s in cell.states]
@@ -123,7 +124,8 @@ class AdjointCell(Cell):
         d_next = _add(local, self._through_operands(nexts, d_operand, p))
 
         # the forward step t from its input row, differentiated from D_{t+1}
-        given = {g.name: column(g.name) for g in self.forward.gemms if g.stage <= 1}
+        given = {g.name: zeros(x.shape[0], g.rows, g.name) if g.name in self.summed else column(g.name)
+                 for g in self.forward.gemms if g.stage <= 1}
         now = [column(s) for s in cell.states]
         x_t = column("x") if self.forward.x_in_step else _unread_x(cell, x.shape[0])
         tracer = _Recompute(self.forward, given, p)
@@ -152,6 +154,36 @@ class AdjointCell(Cell):
         placeholders for the matmul weights whose results come from the input."""
         return Params({n: p[n] if n in p else te.placeholder(tuple(shape), "float32", name=n)
                        for n, shape in self.forward.cell.parameters().items()})
+
+    def _summed_results(self) -> dict[str, str]:
+        """Hoisted GEMM results that the step reads only added to a first-stage GEMM's result (LSTM's
+        input and recurrent gates), by name: that first-stage GEMM's name. Their adjoints are then
+        one tensor, and every value the step computes depends on their sum alone: the input holds
+        the sum in the first-stage result's columns (``summed_into``), and the hoisted result reads as
+        zeros (LSTM: 8 columns of H a row, not 12)."""
+        cell, H = self.forward.cell, self.forward.cell.hidden_size
+        gemms = [g for g in self.forward.gemms if g.stage <= 1]
+        given = {g.name: te.placeholder((1, g.rows), "float32", name=g.name) for g in gemms}
+        states = [te.placeholder((1, H), "float32", name=s) for s in cell.states]
+        params = {n: te.placeholder(tuple(shape), "float32", name=n) for n, shape in cell.parameters().items()}
+        params |= {f"{m.weight}_t": te.placeholder((m.depth, m.rows), "float32", name=f"{m.weight}_t")
+                   for g in self.later for m in g.members}
+        x = te.placeholder((1, cell.input_size), "float32", name="x")
+        tracer = _Recompute(self.forward, given, Params(params))
+        traced = trace(cell, x, states, Params(params), tracer)
+        seeds = [te.placeholder((1, H), "float32", name=f"d{s}") for s in cell.states]
+        found = dict(zip(given, adjoints(traced.next_states, seeds, list(given.values()), tracer.rules, tracer.reads)))
+        summed = {}
+        for h in (g for g in gemms if g.stage == 0 and found[g.name] is not None):
+            partner = next((g for g in self.first if g.rows == h.rows and g.name not in summed.values()
+                            and found[g.name] is not None and found[g.name].same_as(found[h.name])), None)
+            if partner is not None:
+                summed[h.name] = partner.name
+        return summed
+
+    def summed_into(self, name: str) -> list[str]:
+        """The GEMM results whose sum the input's columns of first-stage GEMM ``name`` hold."""
+        return [name, *(h for h, g in self.summed.items() if g == name)]
 
     def _reads_next_states(self) -> bool:
         """Whether an operand's adjoint reads the states' values (it is not linear in them)."""
@@ -226,7 +258,11 @@ def _add(tensors, terms) -> list:
     return [t if d is None else total(t, d) for t, d in zip(tensors, terms)]
 
 
+def zeros(batch, width: int, name: str) -> te.Tensor:
+    return te.compute((batch, width), lambda *i: te.const(0.0, "float32"), name=name)
+
+
 def _zero_or_columns(t, batch, start: int, width: int, name: str) -> te.Tensor:
     if t is None:
-        return te.compute((batch, width), lambda *i: te.const(0.0, "float32"), name=name)
+        return zeros(batch, width, name)
     return te.compute((t.shape[0], width), lambda b, n: t[b, start + n], name=name)

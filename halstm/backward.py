@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 import tvm
 from tvm import te
 
-from .adjoint import AdjointCell
+from .adjoint import AdjointCell, zeros
 from .autodiff import adjoints, derive
 from .cell import Cell, placeholders, upstream
 from .lowering import (
@@ -150,10 +150,11 @@ class BackwardPlan:
                  if g.stage == 0 and self.given_hoisted or g.stage == 1 and self.given_results]
         recomputed = ", ".join(g.name for g in self.forward.gemms if g.stage <= 1 and g not in given)
         given = ", ".join(g.name for g in given)
-        read = ", ".join(g.name for g in self.forward.gemms if g.stage <= 1)
+        read = ", ".join(g.name for g in self.forward.gemms if g.stage <= 1 and g.name not in self.adjoint.summed)
         lines = [f"backward plan for {self.cell!r}",
                  "  prepare, over all T*B rows: " + (f"{given} given (the forward's); " if given else "")
-                 + (f"{recomputed} recomputed; " if recomputed else "") + "the adjoint cell's input, steps reversed",
+                 + (f"{recomputed} recomputed; " if recomputed else "") + "the adjoint cell's input, steps reversed"
+                 + "".join(f" ({h} + {g} as one sum)" for h, g in self.adjoint.summed.items()),
                  "  the reversed time loop (T + 1 steps), compiled as a cell: "
                  + str(make_plan(self.adjoint)).replace("\n", "\n  "),
                  f"  rows, over all T*B rows: {read} read from the adjoint cell's input"
@@ -402,8 +403,9 @@ def _prepare_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
                 extra = step.states[cell.states.index(name[:-5])][r % B, j - start].astype(ACCUMULATE)
             # a GEMM over padded rows (T any) read at max(row, 0): its read region then spans the buffer,
             # where TVM 0.27 did not prove T*B rows within the padded ones (the scope was no stage pipeline)
-            at_row = tvm.tirx.max(row, 0) if name in padded else row
-            read = te.if_then_else(r < rows, source[name][at_row, j - start].astype(ACCUMULATE), extra)
+            terms = [source[n][tvm.tirx.max(row, 0) if n in padded else row, j - start].astype(ACCUMULATE)
+                     for n in adjoint.summed_into(name)]
+            read = te.if_then_else(r < rows, functools.reduce(operator.add, terms), extra)
             value = te.if_then_else(j < start + width, read, value)
         return value.astype(dtype)
 
@@ -470,7 +472,8 @@ def _rows_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
     reversed loop's sequences it reads (``_loop_adjoints``), and by GEMM the first GEMM whose result's
     adjoint it writes for that one (itself, but where two are one tensor).
     The hoisted and first-stage GEMMs' results are the columns prepare wrote for the adjoint cell
-    (``adjoint_x``, in the storage dtype), not computed again."""
+    (``adjoint_x``, in the storage dtype), not computed again; a hoisted result whose sum with a
+    first-stage one those columns hold reads as zeros (``AdjointCell.summed``)."""
     cell, forward, H, rows, adjoint = plan.cell, plan.forward, plan.cell.hidden_size, T * B, plan.adjoint
     adjoint_x = te.placeholder(((T + 1) * B, adjoint.input_size), dtype, name="adjoint_x")
 
@@ -479,7 +482,8 @@ def _rows_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
         return te.compute((rows, g.rows), lambda r, n: adjoint_x[_reversed_row(r, T, B), start + n].astype(ACCUMULATE),
                           name=f"{g.name}_read")
 
-    given = {g.name: read(g) for g in forward.gemms if g.stage <= 1}
+    given = {g.name: zeros(rows, g.rows, f"{g.name}_summed") if g.name in adjoint.summed else read(g)
+             for g in forward.gemms if g.stage <= 1}
     step = trace_step(forward, rows, dtype, layout, autodiff=True, given=given)
     transposed = {
         g.name: te.placeholder(layout.shape(g.rows, g.depth), dtype, name=f"w_packed_t{i}")

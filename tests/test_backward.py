@@ -399,7 +399,8 @@ def test_tf32_backward_runs_its_float32_gemms_on_tensor_cores(tmp_path):
 
 def _adjoint_input(adjoint, x, params, seqs, grads):
     """The reversed loop's input (``AdjointCell.columns``) in float64, as the prepare function writes
-    it, for cells whose hoisted GEMMs read x and first-stage GEMMs read h."""
+    it, for cells whose hoisted GEMMs read x and first-stage GEMMs read h (LSTM's two summed in one
+    block of columns, ``AdjointCell.summed``)."""
     T, B, _ = x.shape
     gemms = {g.name: g for g in adjoint.forward.gemms}
     rows = []
@@ -408,10 +409,11 @@ def _adjoint_input(adjoint, x, params, seqs, grads):
         for name, width in adjoint.columns:
             if t is None:
                 value = seqs[name[:-5]][0] if name.endswith("_next") else np.zeros((B, width))
-            elif name in gemms:
-                g = gemms[name]
-                operand = x[t] if g.stage == 0 else seqs["h"][t]
-                value = operand @ np.concatenate([params[m.weight] for m in g.members]).T
+            elif name in gemms:  # the GEMM's result, plus those summed into its columns
+                value = 0
+                for g in (gemms[n] for n in adjoint.summed_into(name)):
+                    operand = x[t] if g.stage == 0 else seqs["h"][t]
+                    value = value + operand @ np.concatenate([params[m.weight] for m in g.members]).T
             elif name.endswith("_next"):
                 value = seqs[name[:-5]][t + 1]
             else:
@@ -419,6 +421,18 @@ def _adjoint_input(adjoint, x, params, seqs, grads):
             columns.append(value)
         rows.append(np.concatenate(columns, 1))
     return np.stack(rows)
+
+
+@pytest.mark.parametrize("cell_type, summed, width", [
+    (halstm.LSTM, {"x_proj0": "gemm0"}, 8 * 8), (halstm.PeepholeLSTM, {"x_proj0": "gemm0"}, 8 * 8),
+    (halstm.GRU, {}, 8 * 8), (halstm.LayerNormLSTM, {}, 12 * 8)], ids=lambda v: getattr(v, "__name__", ""))
+def test_the_reversed_loop_reads_gates_added_together_as_one_sum(cell_type, summed, width):
+    """LSTM's input and recurrent gates enter its step only as their sum: the reversed loop's input
+    holds that sum once (8 columns of H a row, not 12). The GRU's reset gate scales its recurrent
+    n block alone, and the layer-norm LSTM normalises each matmul's gates apart: both kept."""
+    adjoint = halstm.AdjointCell(halstm.make_plan(cell_type(5, 8)))
+    assert adjoint.summed == summed
+    assert adjoint.input_size == width
 
 
 @pytest.mark.parametrize("gathered", [True, False], ids=["gathered", "a-gemm-a-gate"])
