@@ -166,13 +166,19 @@ class CompiledBackward:
             plan = self._plans[T] = _CallPlan(self, T)
         return plan
 
+    @functools.cached_property
+    def longest(self) -> int | None:
+        """The longest sequence a backward for any T takes (None for one T): its functions' and its
+        reversed loop's, which runs T + 1 steps."""
+        p = self.program
+        return None if p.steps is not None else min(p.longest, self.adjoint.signature.longest - 1)
+
     def steps_of(self, x) -> int:
         """T of a call: the backward's, or where it serves any, x's first dimension, checked."""
         p = self.program
         if p.steps is not None:
             return p.steps
-        longest = min(p.longest, self.adjoint.signature.longest - 1)  # the reversed loop runs T + 1 steps
-        return steps_of(x, p.batch, p.plan.cell.input_size, p.dtype, longest)
+        return steps_of(x, p.batch, p.plan.cell.input_size, p.dtype, self.longest)
 
     def __call__(self, x, params: dict, seqs: dict, grads: dict | None = None, hoisted: dict | None = None):
         buffers, finish, plan, frame = self._bind(x, params, seqs, grads, hoisted, reuse=True)
