@@ -37,6 +37,7 @@ import operator
 from dataclasses import dataclass, replace
 
 import tvm
+import tvm_ffi
 from tvm import te
 
 from .adjoint import AdjointCell, zeros
@@ -519,7 +520,7 @@ def _rows_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
     outputs = [_stored_operand(plan, dtype, _or_zeros(d, r), f"d{g.name}_t")
                for g, r, d in zip(forward.gemms, results, d_results) if shared[g.name] == g.name]
     outputs += [_storage(step.operands[g.name], _between(plan, dtype), f"a_{g.name}_t") for g in plan.recurrent]
-    outputs += [_flat(d_params[p], f"d{p}_t") for p in kept]
+    outputs += _parameter_rows(d_params, kept)
     outputs += [_storage(_or_zeros(d, x), ACCUMULATE, "dx_t") for x, d in zip(x_t, d_x_t)]
     inputs = [*step.inputs, adjoint_x, *transposed.values(), *adjoint_seqs, *loop_seqs]
     return (_prim_func(inputs, outputs, [t.op.name for t in inputs + outputs]), kept, [t.op.name for t in loop_seqs],
@@ -528,6 +529,25 @@ def _rows_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
 
 def _same(a: te.Tensor | None, b: te.Tensor | None) -> bool:
     return a is not None and b is not None and a.same_as(b)
+
+
+def _parameter_rows(d_params: dict, kept: list) -> list:
+    """Each kept parameter's adjoint as one row (``d<p>_t``). One whose sum is another's over the same
+    tensors (LSTM's two biases: each the gates' adjoint summed down the rows) reads that one's sum
+    instead of summing again."""
+    sums = {}
+    for p in kept:
+        sums[p] = next((sums[q] for q in sums if _equal_sums(sums[q], d_params[p])), d_params[p])
+    return [_flat(sums[p], f"d{p}_t") for p in kept]
+
+
+def _equal_sums(a: te.Tensor, b: te.Tensor) -> bool:
+    """Whether a and b are one computation: the same shape, inputs and body."""
+    return (isinstance(a.op, te.ComputeOp) and isinstance(b.op, te.ComputeOp)
+            and [int(d) for d in a.shape] == [int(d) for d in b.shape]
+            and len(a.op.input_tensors) == len(b.op.input_tensors)
+            and all(x.same_as(y) for x, y in zip(a.op.input_tensors, b.op.input_tensors))
+            and tvm_ffi.structural_equal(a.op.body, b.op.body, map_free_vars=True))
 
 
 def _loop_adjoints(plan: BackwardPlan, T, B: int, dtype: str, derived: dict, given: dict) -> tuple[dict, list]:

@@ -15,6 +15,7 @@ import tvm
 from conftest import NUMPY_DTYPE, TF32_TOLERANCE, TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
 from halstm.targets import CudaTarget
 from tvm import te
+from tvm.s_tir import Schedule
 
 import halstm
 from halstm import linear, sigmoid, split, tanh
@@ -421,6 +422,16 @@ def _adjoint_input(adjoint, x, params, seqs, grads):
             columns.append(value)
         rows.append(np.concatenate(columns, 1))
     return np.stack(rows)
+
+
+@pytest.mark.parametrize("cell_type, sums", [(halstm.LSTM, 1), (halstm.GRU, 2)], ids=["LSTM", "GRU"])
+def test_rows_sums_each_distinct_parameter_adjoint_once(cell_type, sums):
+    """LSTM's two biases have one adjoint, the gates' summed down the rows: rows sums it once and
+    writes it to both. The GRU's recurrent n bias is reset-gated, its sum its own."""
+    sch = Schedule(halstm.lower_backward(cell_type(5, 8), 3, 2).functions["rows"].mod)
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("step"))]
+    reductions = [b.name_hint for b in blocks if b.name_hint.startswith("d_bias") and b.init is not None]
+    assert len(reductions) == sums, reductions
 
 
 @pytest.mark.parametrize("cell_type, summed, width", [
