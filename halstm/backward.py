@@ -41,7 +41,7 @@ import tvm_ffi
 from tvm import te
 
 from .adjoint import AdjointCell, zeros
-from .autodiff import adjoints, derive
+from .autodiff import adjoints, derive, rebuild
 from .cell import Cell, placeholders, upstream
 from .lowering import (
     ACCUMULATE,
@@ -542,12 +542,23 @@ def _parameter_rows(d_params: dict, kept: list) -> list:
 
 
 def _equal_sums(a: te.Tensor, b: te.Tensor) -> bool:
-    """Whether a and b are one computation: the same shape, inputs and body."""
-    return (isinstance(a.op, te.ComputeOp) and isinstance(b.op, te.ComputeOp)
-            and [int(d) for d in a.shape] == [int(d) for d in b.shape]
+    """Whether a and b are one computation: the same tensor, or computed alike (shape and body) from
+    inputs that are one computation in turn (float16 biases: each sum scaled by its cast's 1)."""
+    if a.same_as(b):
+        return True
+    if not (isinstance(a.op, te.ComputeOp) and isinstance(b.op, te.ComputeOp)
+            and tvm_ffi.structural_equal(list(a.shape), list(b.shape))
             and len(a.op.input_tensors) == len(b.op.input_tensors)
-            and all(x.same_as(y) for x, y in zip(a.op.input_tensors, b.op.input_tensors))
-            and tvm_ffi.structural_equal(a.op.body, b.op.body, map_free_vars=True))
+            and all(_equal_sums(x, y) for x, y in zip(a.op.input_tensors, b.op.input_tensors))):
+        return False
+    body = list(b.op.body)
+    if not all(x.same_as(y) for x, y in zip(a.op.input_tensors, b.op.input_tensors)):
+        inputs = {y.op: x for x, y in zip(a.op.input_tensors, b.op.input_tensors)}
+        try:  # b's body reading a's inputs (TVM compares reads of one tensor, not of two alike)
+            body = [rebuild(e, {}, lambda t: inputs.get(t.op, t)) for e in body]
+        except NotImplementedError:  # a reduction over inputs of its own
+            return False
+    return tvm_ffi.structural_equal(list(a.op.body), body, map_free_vars=True)
 
 
 def _loop_adjoints(plan: BackwardPlan, T, B: int, dtype: str, derived: dict, given: dict) -> tuple[dict, list]:

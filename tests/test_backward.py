@@ -424,11 +424,13 @@ def _adjoint_input(adjoint, x, params, seqs, grads):
     return np.stack(rows)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("cell_type, sums", [(halstm.LSTM, 1), (halstm.GRU, 2)], ids=["LSTM", "GRU"])
-def test_rows_sums_each_distinct_parameter_adjoint_once(cell_type, sums):
+def test_rows_sums_each_distinct_parameter_adjoint_once(cell_type, sums, dtype):
     """LSTM's two biases have one adjoint, the gates' summed down the rows: rows sums it once and
-    writes it to both. The GRU's recurrent n bias is reset-gated, its sum its own."""
-    sch = Schedule(halstm.lower_backward(cell_type(5, 8), 3, 2).functions["rows"].mod)
+    writes it to both (in float16 each sum then scaled by its bias cast's 1). The GRU's recurrent n
+    bias is reset-gated, its sum its own."""
+    sch = Schedule(halstm.lower_backward(cell_type(5, 8), 3, 2, dtype).functions["rows"].mod)
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("step"))]
     reductions = [b.name_hint for b in blocks if b.name_hint.startswith("d_bias") and b.init is not None]
     assert len(reductions) == sums, reductions
