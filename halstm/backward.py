@@ -108,6 +108,20 @@ class BackwardPlan:
     def recurrent(self) -> list[Gemm]:
         return [g for g in self.forward.gemms if g.stage > 0]
 
+    @functools.cached_property
+    def state_operands(self) -> dict[str, str]:
+        """Recurrent GEMMs whose operand is a state as it is (LSTM's and GRU's h), by name: that
+        state. weights reads its sequence; rows stores the other recurrent GEMMs' operands
+        (``a_<gemm>_seq``)."""
+        step = trace_step(self.forward, 1, "float32", PackedLayout(), autodiff=True)
+        names = {t.op: s for s, t in zip(self.cell.states, step.states)}
+        return {g.name: names[step.operands[g.name].op] for g in self.recurrent if step.operands[g.name].op in names}
+
+    @property
+    def stored_operands(self) -> list[Gemm]:
+        """The recurrent GEMMs whose operands rows stores for weights (``state_operands``' aside)."""
+        return [g for g in self.recurrent if g.name not in self.state_operands]
+
     @property
     def rows_operands(self) -> list[Gemm]:
         """The recurrent GEMMs whose operands' adjoints the rows function computes: the later stages'
@@ -431,7 +445,7 @@ def _rows(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tu
     args += [_sequence(name, T, B, 2, H, dtype, "buffer") for name in loop_seqs]  # the adjoint's too
     between = _between(plan, dtype)
     args += [_sequence(f"d{g.name}_seq", T, B, 0, g.rows, between, "buffer") for g in stored]
-    args += [_sequence(f"a_{g.name}_seq", T, B, 0, g.depth, between, "buffer") for _, g in recurrent]
+    args += [_sequence(f"a_{g.name}_seq", T, B, 0, g.depth, between, "buffer") for g in plan.stored_operands]
     args += [Arg(f"d{p}_sum", (1, _numel(cell.parameters()[p])), ACCUMULATE, "buffer") for p in kept]
     args += _x_in_step_args(forward, T, B)
     operands = plan.rows_operands
@@ -447,7 +461,7 @@ def _rows(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tu
                   _view("dx_t", "dx_seq", "0", T * B, cell.input_size, ACCUMULATE)]
     views += [_view(f"{s}_t", f"{s}_seq", "0", T * B, H, dtype) for s in cell.states]
     views += [_view(f"d{g.name}_t", f"d{g.name}_seq", "0", T * B, g.rows, between) for g in stored]
-    views += [_view(f"a_{g.name}_t", f"a_{g.name}_seq", "0", T * B, g.depth, between) for _, g in recurrent]
+    views += [_view(f"a_{g.name}_t", f"a_{g.name}_seq", "0", T * B, g.depth, between) for g in plan.stored_operands]
     views += [_view(f"d{p}_t", f"d{p}_sum", "0", 1, _numel(cell.parameters()[p]), ACCUMULATE) for p in kept]
     frame = Skeleton(args, allocs, prologue, views)
     return _function(plan.rows_plan(), T, B, dtype, layout, frame, _one_step(frame, step)), kept, shared
@@ -519,7 +533,7 @@ def _rows_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
               for g, d in zip(forward.gemms, d_results)}
     outputs = [_stored_operand(plan, dtype, _or_zeros(d, r), f"d{g.name}_t")
                for g, r, d in zip(forward.gemms, results, d_results) if shared[g.name] == g.name]
-    outputs += [_storage(step.operands[g.name], _between(plan, dtype), f"a_{g.name}_t") for g in plan.recurrent]
+    outputs += [_storage(step.operands[g.name], _between(plan, dtype), f"a_{g.name}_t") for g in plan.stored_operands]
     outputs += _parameter_rows(d_params, kept)
     outputs += [_storage(_or_zeros(d, x), ACCUMULATE, "dx_t") for x, d in zip(x_t, d_x_t)]
     inputs = [*step.inputs, adjoint_x, *transposed.values(), *adjoint_seqs, *loop_seqs]
@@ -624,7 +638,8 @@ def _weights(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout, ke
     between = _between(plan, dtype)
     stored = [g for g in forward.gemms if shared[g.name] == g.name]
     args += [_sequence(f"d{g.name}_seq", T, B, 0, g.rows, between, "buffer") for g in stored]
-    args += [_sequence(f"a_{g.name}_seq", T, B, 0, g.depth, between, "buffer") for g in plan.recurrent]
+    args += [_sequence(f"a_{g.name}_seq", T, B, 0, g.depth, between, "buffer") for g in plan.stored_operands]
+    args += [_sequence(f"{s}_seq", T, B, 1, cell.hidden_size, dtype, "seq") for s in _operand_states(plan)]
     args += [Arg(f"d{p}_sum", (1, _numel(shapes[p])), ACCUMULATE, "buffer") for p in kept]
     args += _x_in_step_args(forward, T, B)
     args += [_sequence("dx", T, B, 0, cell.input_size, dtype, "output")]
@@ -658,8 +673,11 @@ def _weights_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedL
     gradients' K: ``_k_rows``) and the hoisted GEMMs' dA."""
     cell, forward, between = plan.cell, plan.forward, _between(plan, dtype)
     x, states, params = placeholders(cell, T * B, dtype)
-    stored_operands = {g.name: te.placeholder((T * B, g.depth), between, name=f"a_{g.name}_seq") for g in plan.recurrent}
-    operands = {**trace_hoisted(forward, x, states, params, layout).operands, **stored_operands}
+    stored_operands = {g.name: te.placeholder((T * B, g.depth), between, name=f"a_{g.name}_seq")
+                       for g in plan.stored_operands}
+    seqs = {s: te.placeholder(((T + 1) * B, cell.hidden_size), dtype, name=f"{s}_seq") for s in _operand_states(plan)}
+    state_operands = {g: _rows_of(seqs[s], T * B, between, f"a_{g}") for g, s in plan.state_operands.items()}
+    operands = {**trace_hoisted(forward, x, states, params, layout).operands, **stored_operands, **state_operands}
     transposed = {g.name: _transposed(g, params, layout, f"w_packed_t{i}", plan.tf32)
                   for i, g in enumerate(forward.gemms) if g.stage == 0}
     d_results = _adjoints_stored(forward, T * B, between, shared)
@@ -689,8 +707,18 @@ def _weights_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedL
         rows = _hoisted_rows(T, B)[0]
         outputs += [_gemm(_padded(d_results[g.name], rows, f"d{g.name}_padded"), transposed[g.name], layout, g.depth,
                           f"grad_a_{g.name}") for g in forward.hoisted]
-    inputs = [x, *params.values(), *stored_operands.values(), *stored]
+    inputs = [x, *params.values(), *stored_operands.values(), *seqs.values(), *stored]
     return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+
+
+def _rows_of(seq: te.Tensor, rows, dtype: str, name: str) -> te.Tensor:
+    """The first ``rows`` rows of a state sequence (its steps before the last), as ``dtype``."""
+    return te.compute((rows, seq.shape[1]), lambda r, k: seq[r, k].astype(dtype), name=name)
+
+
+def _operand_states(plan: BackwardPlan) -> list[str]:
+    """The states whose sequences weights reads as recurrent GEMMs' operands, in the cell's order."""
+    return [s for s in plan.cell.states if s in plan.state_operands.values()]
 
 
 def _weights_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout, kept: list[str], shared: dict):
