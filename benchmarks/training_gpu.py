@@ -18,6 +18,12 @@ the forward, the backward and its reversed loop). Writes results.md and results.
 --profile (CUDA) also prints, per contender, where a step's time goes: each kernel's time a step
 (torch.profiler, which sees TVM's kernels too) and the host time to issue a step (ten steps issued
 between synchronisations).
+
+On the CPU the baseline is torch.nn's LSTM/GRU ("torch": oneDNN), or a custom cell's eager loop (no
+torch.compile), and each contender is timed in a process of its own (this script with ``--only``; every thread pool ``--threads`` threads; in
+halstm's OpenMP waiting passively, torch's as it is by default): in one process torch's OpenMP threads
+and TVM's pool take turns on the same cores, and a pool's spinning slows the other's steps. ``--rounds``
+alternates the contenders' processes that many times; the table gives each one's median of its rounds.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -34,6 +41,7 @@ from gpu import torch_cell  # the custom cells' step in torch
 
 import halstm
 import halstm.nn
+from halstm.bench import worker_environment
 
 SHAPES = ((100, 1, 256), (100, 16, 512), (100, 64, 1024), (100, 256, 1024), (1024, 16, 768))  # T, B, I = H
 TINY = ((5, 2, 16),)
@@ -72,7 +80,8 @@ def models(cell: str, T: int, H: int, device: str, dtype: torch.dtype, use_compi
         reference = CUDNN[cell](H, H).to(device, dtype)
         ours = getattr(halstm.nn, cell)(H, H, allow_tf32=allow_tf32, recompute=recompute).to(device, dtype)
         ours.load_state_dict(reference.state_dict())
-        return {"halstm": (lambda x: ours(x)[0], ours), "cuDNN": (lambda x: reference(x)[0], reference)}
+        baseline = "cuDNN" if device == "cuda" else "torch"
+        return {"halstm": (lambda x: ours(x)[0], ours), baseline: (lambda x: reference(x)[0], reference)}
     ours = halstm.nn.RNN(getattr(halstm, cell), H, H, allow_tf32=allow_tf32, recompute=recompute).to(device, dtype)
     step = torch_cell(cell, {n: getattr(ours, f"{n}_l0") for n in ours.cell.parameters()})
 
@@ -111,7 +120,8 @@ def check(cell: str, dtype: torch.dtype, device: str, allow_tf32: bool = False) 
     model in float64."""
     T, B, H = CHECK
     ours = models(cell, T, H, device, dtype, False, allow_tf32)["halstm"]
-    exact = models(cell, T, H, device, torch.float64, False)["cuDNN" if cell in CUDNN else "torch eager"]
+    exact = models(cell, T, H, device, torch.float64, False)
+    exact = exact["torch eager"] if cell not in CUDNN else exact["cuDNN" if device == "cuda" else "torch"]
     exact[1].load_state_dict({k: v.double() for k, v in ours[1].state_dict().items()})
     x = torch.randn(T, B, H, device=device, dtype=dtype, requires_grad=True)
     dy = torch.randn(T, B, H, device=device, dtype=dtype)
@@ -163,11 +173,14 @@ def profile(name: str, step, reps: int = 5, top: int = 12) -> None:
 
 
 def bench(cell: str, shape, dtype: torch.dtype, device: str, use_compile: bool, show: bool = False,
-          recompute: bool = False) -> dict:
+          recompute: bool = False, only: str | None = None) -> dict:
+    """One row: every contender's step timed (``only``: that one's alone)."""
     T, B, H = shape
     x = torch.randn(T, B, H, device=device, dtype=dtype, requires_grad=True)
     dy = torch.randn(T, B, H, device=device, dtype=dtype)
     found = models(cell, T, H, device, dtype, use_compile)
+    if only is not None:
+        found = {only: found[only]}
     if device == "cuda" and dtype == torch.float32:
         found["halstm TF32"] = models(cell, T, H, device, dtype, False, allow_tf32=True)["halstm"]
         found["halstm TF32"][1].load_state_dict(found["halstm"][1].state_dict())
@@ -175,9 +188,10 @@ def bench(cell: str, shape, dtype: torch.dtype, device: str, use_compile: bool, 
         found["halstm recompute"] = models(cell, T, H, device, dtype, False, recompute=True)["halstm"]
         found["halstm recompute"][1].load_state_dict(found["halstm"][1].state_dict())
     row = {"cell": cell, "T": T, "B": B, "H": H, "dtype": str(dtype).replace("torch.", "")}
-    t0 = time.time()
-    training_step(found["halstm"], x, dy)()  # compiles the forward, the backward and its reversed loop
-    row["halstm compile s"] = round(time.time() - t0, 1)
+    if "halstm" in found:
+        t0 = time.time()
+        training_step(found["halstm"], x, dy)()  # compiles the forward, the backward and its reversed loop
+        row["halstm compile s"] = round(time.time() - t0, 1)
     for name, model in found.items():
         step = training_step(model, x, dy)
         if name in ("halstm TF32", "halstm recompute"):
@@ -200,13 +214,42 @@ def bench(cell: str, shape, dtype: torch.dtype, device: str, use_compile: bool, 
     return row
 
 
+def apart(cell: str, shape, dtype: str, rounds: int, threads: int) -> dict:
+    """A CPU row whose contenders (halstm, torch) each ran in a process of their own, alternating
+    ``rounds`` times: each one's median of its rounds (its rounds' times kept too)."""
+    row, times = {}, {}
+    for _ in range(rounds):
+        for name in ("halstm", "torch" if cell in CUDNN else "torch eager"):
+            command = [sys.executable, os.path.abspath(__file__), "--device", "cpu", "--only", name, "--cells", cell,
+                       "--shapes", "x".join(map(str, shape)), "--dtypes", dtype, "--no-compile"]
+            done = subprocess.run(command, env=environment(name, threads), capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(f"{name} process: {done.stderr[-2000:]}")
+            found = json.loads(done.stdout.strip().splitlines()[-1])
+            times.setdefault(name, []).append(found[name])
+            row.update({k: v for k, v in found.items() if k != name})
+    for name, values in times.items():
+        row[name], row[f"{name} rounds"] = float(np.median(values)), values
+    return row
+
+
+def environment(name: str, threads: int) -> dict:
+    """A CPU contender's process environment: every pool ``threads`` threads; in halstm's, OpenMP
+    waiting passively (torch's own threads there would spin against TVM's pool); torch's its own
+    default (alone, its spinning threads took (100,16,512) 114-128 ms against 142-157 passive, 2 cores)."""
+    env = worker_environment(threads)
+    if name != "halstm" and "OMP_WAIT_POLICY" not in os.environ:
+        del env["OMP_WAIT_POLICY"]
+    return env
+
+
 def table(rows, device_name: str) -> str:
     lines = [f"Device: {device_name}. Training step (forward + backward), median ms after warm-up; ratio: the "
              "baseline's time over halstm's (> 1: halstm faster); MB: a step's peak memory.", "",
              "| cell | dtype | T | B | H | halstm ms | halstm MB | baseline | baseline ms | baseline MB | ratio | "
              "halstm compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        for base in ("cuDNN", "cuDNN fp32", "torch eager", "torch.compile"):
+        for base in ("cuDNN", "cuDNN fp32", "torch", "torch eager", "torch.compile"):
             ours = "halstm TF32" if base == "cuDNN" and "halstm TF32" in r else "halstm"
             if base not in r:
                 continue
@@ -214,7 +257,8 @@ def table(rows, device_name: str) -> str:
                 lines.append(f"| {r['cell']} | {r['dtype']} | {r['T']} | {r['B']} | {r['H']} | {ours}: {r[ours]:.3f} | "
                              f"{r[ours + ' MB']} | {base} | {r[base]:.3f} | {r.get(base + ' MB')} | "
                              f"{r[base] / r[ours]:.2f} | {r.get(ours + ' compile s', r['halstm compile s'])} |")
-    return "\n".join(lines) + ("\n\ncuDNN: torch's default (TF32 allowed in float32), beside halstm TF32 in float32; "
+    return "\n".join(lines) + ("\n\ntorch: torch.nn on the CPU (oneDNN), each contender timed in a process of its own. "
+                               "cuDNN: torch's default (TF32 allowed in float32), beside halstm TF32 in float32; "
                                "cuDNN fp32: TF32 off, beside exact halstm. halstm recompute: the backward computes "
                                "the input projections again (``recompute=True``) instead of taking the forward's.\n")
 
@@ -230,11 +274,20 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="each step's kernels and host time (CUDA)")
     ap.add_argument("--recompute", action="store_true",
                     help="also halstm with recompute=True: the backward computes the input projections again")
+    ap.add_argument("--rounds", type=int, default=3, help="CPU: the contenders' processes alternated this many times")
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU: each pool's threads")
+    ap.add_argument("--only", help=argparse.SUPPRESS)  # CPU: time this contender alone, print its row
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.profile and args.device != "cuda":
         ap.error("--profile needs --device cuda")
+    if args.device == "cpu" and args.recompute:
+        ap.error("--recompute: the CPU's contenders run in processes of their own, halstm's as nn builds it")
     torch.manual_seed(0)
+    if args.only:
+        bench(args.cells, tuple(int(v) for v in args.shapes.split("x")), getattr(torch, args.dtypes), "cpu",
+              False, only=args.only)
+        return 0
     cells = args.cells.split(",")
     shapes = TINY if args.tiny else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     dtypes = ["float32"] if args.tiny else args.dtypes.split(",")
@@ -248,8 +301,12 @@ def main() -> int:
                 label = "tf32" if allow_tf32 else dtype
                 checks.append((cell, label, err, err < (TF32_TOLERANCE if allow_tf32 else TOLERANCE[dtype])))
                 print("check", cell, label, f"{err:.1e}", "PASS" if checks[-1][-1] else "FAIL", flush=True)
-    rows = [bench(cell, shape, getattr(torch, dtype), args.device, not args.no_compile, args.profile, args.recompute)
-            for shape in shapes for dtype in dtypes for cell in cells]
+    if args.device == "cpu":
+        rows = [apart(cell, shape, dtype, args.rounds, args.threads) for shape in shapes for dtype in dtypes
+                for cell in cells]
+    else:
+        rows = [bench(cell, shape, getattr(torch, dtype), args.device, not args.no_compile, args.profile,
+                      args.recompute) for shape in shapes for dtype in dtypes for cell in cells]
     text = "## Gradients against float64 (T, B, H = {}, {}, {})\n\n".format(*CHECK)
     text += "| cell | dtype | max relative error | within tolerance |\n|---|---|---|---|\n"
     text += "\n".join(f"| {c} | {d} | {e:.1e} | {ok} |" for c, d, e, ok in checks)
