@@ -1,0 +1,35 @@
+"""benchmarks/training_gpu.py on the CPU: each contender timed in a process of its own."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import training_gpu  # noqa: E402
+
+
+def test_cpu_contenders_alternate_in_processes_of_their_own(tmp_path):
+    """The CPU's baseline is torch.nn ("torch", not cuDNN); halstm and torch each run --rounds times,
+    alternating, each run a process of its own; a row gives each one's median and its rounds."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "training_gpu.py"), "--device", "cpu",
+                           "--tiny", "--cells", "LSTM", "--rounds", "2", "--threads", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads((tmp_path / "results.json").read_text())
+    [row] = found["rows"]
+    assert all(ok for *_, ok in found["checks"])
+    assert "cuDNN" not in row and len(row["halstm rounds"]) == len(row["torch rounds"]) == 2
+    assert row["halstm"] > 0 and row["torch"] > 0
+    assert "| LSTM | float32 | 5 | 2 | 16 | halstm:" in (tmp_path / "results.md").read_text()
+
+
+def test_torch_waits_as_it_would_alone_and_halstm_passively(monkeypatch):
+    """torch's process keeps OpenMP's default waiting (alone on the cores, its spinning threads are
+    faster); halstm's waits passively, where torch's threads would spin against TVM's pool."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert training_gpu.environment("halstm", 2)["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in training_gpu.environment("torch", 2)
+    assert training_gpu.environment("torch", 2)["OMP_NUM_THREADS"] == "2"
