@@ -237,10 +237,7 @@ def environment(name: str, threads: int) -> dict:
     """A CPU contender's process environment: every pool ``threads`` threads; in halstm's, OpenMP
     waiting passively (torch's own threads there would spin against TVM's pool); torch's its own
     default (alone, its spinning threads took (100,16,512) 114-128 ms against 142-157 passive, 2 cores)."""
-    env = worker_environment(threads)
-    if name != "halstm" and "OMP_WAIT_POLICY" not in os.environ:
-        del env["OMP_WAIT_POLICY"]
-    return env
+    return worker_environment(threads, passive=name == "halstm")
 
 
 def table(rows, device_name: str) -> str:
