@@ -34,7 +34,7 @@ import operator
 from tvm import te
 
 from .autodiff import adjoints
-from .cell import Cell, Params, trace, upstream
+from .cell import Cell, Params, placeholders, trace, upstream
 from .ops import active_tracer, concat, matmul, plain_matmul
 from .plan import Plan
 
@@ -164,13 +164,11 @@ class AdjointCell(Cell):
         cell, H = self.forward.cell, self.forward.cell.hidden_size
         gemms = [g for g in self.forward.gemms if g.stage <= 1]
         given = {g.name: te.placeholder((1, g.rows), "float32", name=g.name) for g in gemms}
-        states = [te.placeholder((1, H), "float32", name=s) for s in cell.states]
-        params = {n: te.placeholder(tuple(shape), "float32", name=n) for n, shape in cell.parameters().items()}
-        params |= {f"{m.weight}_t": te.placeholder((m.depth, m.rows), "float32", name=f"{m.weight}_t")
-                   for g in self.later for m in g.members}
-        x = te.placeholder((1, cell.input_size), "float32", name="x")
-        tracer = _Recompute(self.forward, given, Params(params))
-        traced = trace(cell, x, states, Params(params), tracer)
+        x, states, params = placeholders(cell, 1)
+        params = Params(params | {f"{m.weight}_t": te.placeholder((m.depth, m.rows), "float32", name=f"{m.weight}_t")
+                                  for g in self.later for m in g.members})
+        tracer = _Recompute(self.forward, given, params)
+        traced = trace(cell, x, states, params, tracer)
         seeds = [te.placeholder((1, H), "float32", name=f"d{s}") for s in cell.states]
         found = dict(zip(given, adjoints(traced.next_states, seeds, list(given.values()), tracer.rules, tracer.reads)))
         summed = {}
@@ -187,10 +185,8 @@ class AdjointCell(Cell):
 
     def _reads_next_states(self) -> bool:
         """Whether an operand's adjoint reads the states' values (it is not linear in them)."""
-        cell, H = self.forward.cell, self.forward.cell.hidden_size
-        states = [te.placeholder((1, H), "float32", name=s) for s in cell.states]
-        params = Params({n: te.placeholder(tuple(shape), "float32", name=n) for n, shape in cell.parameters().items()})
-        x = te.placeholder((1, cell.input_size), "float32", name="x")
+        cell = self.forward.cell
+        x, states, params = placeholders(cell, 1)
         tracer = _Operands(self.forward)
         trace(cell, x, states, params, tracer)
         gemms = [g for g in self.first if g.name in tracer.operands]
