@@ -10,7 +10,12 @@ GRU are timed against torch.nn.LSTM/GRU (cuDNN) in the same run, before and afte
 medians are kept; the ratio uses their mean). Prints a markdown table (knobs, ms, us/step, ratio
 cuDNN/halstm, error) and writes sweep-<cell>-<T>x<B>x<H>-<dtype>-<recipe>.json (and .md) into --out
 (default $OUT, else the current folder). A setting the recipe's valid() rejects, or that fails to
-compile or run, is reported as such and the sweep goes on.
+compile or run, is reported as such and the sweep goes on. With --reversed-loop the settings are the
+cell's backward's reversed loop's (its adjoint cell, ``halstm.gradients.reversed_loop``, over T + 1
+steps, as ``compile_backward`` builds it), without cuDNN:
+
+    python3 benchmarks/knob_sweep.py GRU 100,16,512 float16 --recipe cuda-persistent --reversed-loop \
+        --knobs '{"units":4}'
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ def main(argv=None):
     ap.add_argument("--recipe", default="cuda-step-loop", choices=[r.name for r in schedules.BUILTIN])
     ap.add_argument("--knobs", nargs="*", default=[], help="JSON objects, each a setting over the defaults")
     ap.add_argument("--no-defaults", action="store_true", help="only the --knobs settings")
+    ap.add_argument("--reversed-loop", action="store_true", help="the settings of the backward's reversed loop")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args(argv)
@@ -66,12 +72,17 @@ def main(argv=None):
     T, B, H = map(int, a.shape.split(","))
     cell = BUILTIN[a.cell](H, H)
     target = CudaTarget.detect()
+    name = a.cell
+    if a.reversed_loop:
+        from halstm.gradients import reversed_loop
+
+        cell, T, name = reversed_loop(cell, T, B, storage(a.dtype), target, allow_tf32=a.dtype == "tf32"), T + 1, cell.name + "Adjoint"
     recipe = next(r for r in schedules.BUILTIN if r.name == a.recipe)
     tf32 = a.dtype == "tf32"
     program = halstm.lower(cell, T, B, storage(a.dtype), allow_tf32=tf32)
     defaults = recipe.defaults(program, target)
     settings = ([] if a.no_defaults else [{}]) + [json.loads(k) for k in a.knobs]
-    print(f"{a.cell} T={T} B={B} H={H} {a.dtype} on {target.name} ({target.sms} SMs), recipe {a.recipe}")
+    print(f"{name} T={T} B={B} H={H} {a.dtype} on {target.name} ({target.sms} SMs), recipe {a.recipe}")
     print(f"defaults: {json.dumps(defaults)}", flush=True)
 
     x, params, states = inputs(cell, T, B, a.dtype, seed=0)
@@ -81,7 +92,7 @@ def main(argv=None):
     print(f"float64 reference in {time.time() - start:.1f} s", flush=True)
 
     rows = []
-    base_before = cudnn(a.cell, H, a.dtype, params, states, x, a.reps)
+    base_before = cudnn(name, H, a.dtype, params, states, x, a.reps)
     for overrides in settings:
         row = {"knobs": overrides}
         rows.append(row)
@@ -111,10 +122,10 @@ def main(argv=None):
         except Exception as e:  # recorded, the sweep goes on
             row["error"] = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
         print(json.dumps(row), flush=True)
-    base_after = cudnn(a.cell, H, a.dtype, params, states, x, a.reps)
+    base_after = cudnn(name, H, a.dtype, params, states, x, a.reps)
     base = None if base_before is None else (base_before + base_after) / 2
 
-    lines = [f"{a.cell} T={T} B={B} H={H} {a.dtype}, {a.recipe}, {target.name}: median of {a.reps} calls, "
+    lines = [f"{name} T={T} B={B} H={H} {a.dtype}, {a.recipe}, {target.name}: median of {a.reps} calls, "
              f"CUDA events; cuDNN {_ms(base_before)} ms before the settings, {_ms(base_after)} after",
              "", "| knobs | ms | prepared ms | us/step | cuDNN/halstm | rel. error |", "|---|---|---|---|---|---|"]
     for row in rows:
@@ -129,10 +140,10 @@ def main(argv=None):
     text = "\n".join(lines)
     print("\n" + text)
     os.makedirs(a.out, exist_ok=True)
-    result = {"cell": a.cell, "T": T, "B": B, "H": H, "dtype": a.dtype, "recipe": a.recipe, "device": target.name,
+    result = {"cell": name, "T": T, "B": B, "H": H, "dtype": a.dtype, "recipe": a.recipe, "device": target.name,
               "sms": target.sms, "reps": a.reps, "defaults": defaults, "cudnn ms": [base_before, base_after],
               "rows": rows}
-    stem = os.path.join(a.out, f"sweep-{a.cell}-{T}x{B}x{H}-{a.dtype}-{a.recipe}")
+    stem = os.path.join(a.out, f"sweep-{name}-{T}x{B}x{H}-{a.dtype}-{a.recipe}")
     with open(stem + ".json", "w") as fh:
         json.dump(result, fh, indent=1)
     with open(stem + ".md", "w") as fh:

@@ -49,7 +49,13 @@ fp16 the weights take 132 of the 227 KB and the operand streams from global memo
 64 % of the stalls on L1TEX); a deeper ring of fragments in flight was no faster. The grid as one thread
 block cluster of at most 16 blocks, h pushed into every block's shared memory and a cluster barrier a
 step (commit 280b8a4), was 1.1-1.7x slower (H200): at B=16, H=512 its step GEMM on
-16 SMs alone took as long as this kernel's whole exchange of h through L2.
+16 SMs alone took as long as this kernel's whole exchange of h through L2. Where a step has several
+GEMMs (the backward's reversed loop, a GEMM a gate's adjoint, each polling its state), each stages
+and multiplies before the next polls: staging all four first, their polls in flight together, was
+slower (H200, fp16, LSTM's reversed loop of T=100, whole calls, ms, one after the other / together:
+B=16, H=512 0.52-0.53 / 0.65-0.69, B=8 0.43 / 0.53-0.57; B=1 0.34 / 0.35-0.37 on FFMA), and so was
+polling them one after another before the GEMMs (0.75-0.84 at B=16): a GEMM between the polls
+overlaps the next gate's arrival.
 
 Shared stores are never inside a condition (the shared-memory sync planner cannot handle that): loops
 over a buffer clamp the index (the spare threads repeat the last element), and threads without a tile
@@ -106,6 +112,14 @@ TENSOR_CORE_MIN_BATCH = 4
 # partial sums ends in a grid sync, and every block then reads each group's parts of its rows, both
 # dearer with more blocks.
 REDUCING_GRID_GROUPS = 32
+# Most unit groups the defaults give a step that polls several states (the backward's reversed loop,
+# a GEMM a gate's adjoint): each block stages every gate's adjoint of its rows a step, four times the
+# forward's h for LSTM, and fewer blocks read less of it. H200, fp16, the reversed loop of T=100,
+# prepared, ms, the largest grid within the SMs / at most 64 groups, two rounds alternating in one
+# command: LSTM (B, H) = (1, 256) 0.293-0.302 / 0.300-0.301, (4, 512) 0.339-0.343 / 0.336-0.339,
+# (16, 512) 0.476-0.517 / 0.434-0.438, (16, 1024) 0.743-0.749 / 0.719-0.720; GRU 0.328-0.344 /
+# 0.272-0.273, 0.317-0.331 / 0.283-0.295, 0.420-0.454 / 0.370-0.373, 0.584-0.588 / 0.575-0.578.
+POLLING_GRID_GROUPS = 64
 MAX_TILE_REGISTERS = 64  # accumulators + operand registers a thread may hold (spills beyond)
 # Staged bytes a block polls a step above which the defaults put one waiter a producer first (knob
 # poll_waiters; ``PersistentKernel.poll_operand``). H100 fp16 T=100, prepared ms, without / with waiters:
@@ -171,7 +185,7 @@ class CudaPersistent(Recipe):
         where the dtype and arch allow them from TENSOR_CORE_MIN_BATCH rows; the hoisted
         GEMM's fragments as the step loop's. On tensor cores the batch over row blocks too
         (``_row_blocks``). Where the step has reductions of its own, a grid of at most
-        REDUCING_GRID_GROUPS unit groups (``_row_blocks``). Waiters before a polled staging above
+        REDUCING_GRID_GROUPS unit groups, where it polls several states POLLING_GRID_GROUPS (``_row_blocks``). Waiters before a polled staging above
         POLL_WAITERS_ABOVE_BYTES, or where no input projection is prefetched first (``poll_operand``),
         where one GEMM polls."""
         H, B = program.cell.hidden_size, program.batch
@@ -187,6 +201,9 @@ class CudaPersistent(Recipe):
         kernel = PersistentKernel.plan(program, target, k)
         if kernel and kernel.reductions:
             k = _row_blocks(self, program, target, k, REDUCING_GRID_GROUPS)
+            kernel = PersistentKernel.plan(program, target, k)
+        elif kernel and len(kernel.polled) > 1 and self.runs(program, target, k):
+            k = _row_blocks(self, program, target, k, POLLING_GRID_GROUPS)
             kernel = PersistentKernel.plan(program, target, k)
         k["poll_waiters"] = (bool(kernel and kernel.polled) and len(kernel.gemms) == 1
                              and (kernel.polled_bytes > POLL_WAITERS_ABOVE_BYTES or not kernel.hoisted))

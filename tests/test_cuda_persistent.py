@@ -358,6 +358,24 @@ def test_defaults_leave_out_waiters_where_several_gemms_poll(batch, hidden):
     assert not knobs["poll_waiters"]
 
 
+@pytest.mark.parametrize("cell, batch, hidden, units, row_blocks", [
+    (halstm.LSTM, 16, 512, 8, 1), (halstm.GRU, 1, 256, 4, 1), (halstm.LSTM, 16, 1024, 16, 1),
+    (halstm.LSTM, 64, 1024, 16, 2)])  # 64 groups of 16 units already
+def test_defaults_give_a_step_polling_several_states_few_unit_groups(cell, batch, hidden, units, row_blocks):
+    """The backward's reversed loop stages every gate's adjoint a step: at most POLLING_GRID_GROUPS
+    unit groups, where the forward of the same shape takes the largest grid within the SMs."""
+    from halstm.gradients import reversed_loop
+
+    recipe = CudaPersistent()
+    adjoint = reversed_loop(cell(hidden, hidden), 100, batch, "float16", H100)
+    program = halstm.lower(adjoint, steps=101, batch=batch, dtype="float16")
+    k = recipe.defaults(program, H100)
+    assert (k["units"], k["row_blocks"]) == (units, row_blocks) and recipe.runs(program, H100, k)
+    assert len(PersistentKernel.plan(program, H100, k).polled) > 1
+    forward = recipe.defaults(_program(cell, batch=batch, hidden=hidden, dtype="float16"), H100)
+    assert hidden // forward["units"] * forward["row_blocks"] == 128
+
+
 def test_math_adds_the_split_k_partials():
     """B=16, H=512 (16 split-K parts): no pass of all threads sums the partial tiles into a buffer;
     the elementwise math reads each gate's 16 partials and adds them."""
