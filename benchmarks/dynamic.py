@@ -22,6 +22,12 @@ import tempfile
 import time
 
 
+# halstm.nn's compilers by what they build (``halstm.nn._compiled``'s first key): the forward, or the one
+# that keeps its GEMM results for the backward (the CPU's while training); the backward, or the one
+# that takes the forward's kept results
+FUNCTIONS = {"forward": ("compile", "_compile_keeping"), "backward": ("compile_backward", "_compile_backward_given")}
+
+
 def loop(args) -> dict:
     """One process's training loop; returns its summary."""
     started = time.perf_counter()
@@ -46,14 +52,14 @@ def loop(args) -> dict:
         if args.device == "cuda":
             torch.cuda.synchronize()
         ms = (time.perf_counter() - start) * 1e3
-        compiled = {kind: sum(k[0] == kind for k in halstm.nn._COMPILED) for kind in ("compile", "compile_backward")}
+        compiled = {kind: sum(k[0] in names for k in halstm.nn._COMPILED) for kind, names in FUNCTIONS.items()}
         steps.append({"T": T, "B": B, "ms": ms, **compiled, **cache.stats})
-        print(f"  step {i:2d}: T={T:3d} B={B:3d} {ms:9.1f} ms   forward functions {compiled['compile']}, "
-              f"backward {compiled['compile_backward']}; cache: {cache.stats['misses']} built, "
+        print(f"  step {i:2d}: T={T:3d} B={B:3d} {ms:9.1f} ms   forward functions {compiled['forward']}, "
+              f"backward {compiled['backward']}; cache: {cache.stats['misses']} built, "
               f"{cache.stats['hits']} loaded", flush=True)
     return {"import_s": imported, "first_ms": steps[0]["ms"], "total_s": sum(s["ms"] for s in steps) / 1e3,
             "built": cache.stats["misses"], "loaded": cache.stats["hits"],
-            "forward_functions": steps[-1]["compile"], "backward_functions": steps[-1]["compile_backward"],
+            "forward_functions": steps[-1]["forward"], "backward_functions": steps[-1]["backward"],
             "lengths": sorted(set(lengths)), "batch_sizes": sizes}
 
 
