@@ -72,11 +72,12 @@ def main(argv=None):
     T, B, H = map(int, a.shape.split(","))
     cell = BUILTIN[a.cell](H, H)
     target = CudaTarget.detect()
-    name = a.cell
     if a.reversed_loop:
         from halstm.gradients import reversed_loop
 
-        cell, T, name = reversed_loop(cell, T, B, storage(a.dtype), target, allow_tf32=a.dtype == "tf32"), T + 1, cell.name + "Adjoint"
+        cell = reversed_loop(cell, T, B, storage(a.dtype), target, allow_tf32=a.dtype == "tf32")
+        T += 1  # the loop runs T + 1 steps
+    name = cell.name  # the cell's, or its adjoint's ("LSTMAdjoint")
     recipe = next(r for r in schedules.BUILTIN if r.name == a.recipe)
     tf32 = a.dtype == "tf32"
     program = halstm.lower(cell, T, B, storage(a.dtype), allow_tf32=tf32)
