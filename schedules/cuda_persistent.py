@@ -185,7 +185,8 @@ class CudaPersistent(Recipe):
         where the dtype and arch allow them from TENSOR_CORE_MIN_BATCH rows; the hoisted
         GEMM's fragments as the step loop's. On tensor cores the batch over row blocks too
         (``_row_blocks``). Where the step has reductions of its own, a grid of at most
-        REDUCING_GRID_GROUPS unit groups, where it polls several states POLLING_GRID_GROUPS (``_row_blocks``). Waiters before a polled staging above
+        REDUCING_GRID_GROUPS unit groups, where it polls several states at most POLLING_GRID_GROUPS
+        (``_row_blocks``, which keeps the knobs where no such grid runs). Waiters before a polled staging above
         POLL_WAITERS_ABOVE_BYTES, or where no input projection is prefetched first (``poll_operand``),
         where one GEMM polls."""
         H, B = program.cell.hidden_size, program.batch
@@ -202,7 +203,7 @@ class CudaPersistent(Recipe):
         if kernel and kernel.reductions:
             k = _row_blocks(self, program, target, k, REDUCING_GRID_GROUPS)
             kernel = PersistentKernel.plan(program, target, k)
-        elif kernel and len(kernel.polled) > 1 and self.runs(program, target, k):
+        elif kernel and len(kernel.polled) > 1:
             k = _row_blocks(self, program, target, k, POLLING_GRID_GROUPS)
             kernel = PersistentKernel.plan(program, target, k)
         k["poll_waiters"] = (bool(kernel and kernel.polled) and len(kernel.gemms) == 1
