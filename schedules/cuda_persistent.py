@@ -120,6 +120,14 @@ REDUCING_GRID_GROUPS = 32
 # (16, 512) 0.476-0.517 / 0.434-0.438, (16, 1024) 0.743-0.749 / 0.719-0.720; GRU 0.328-0.344 /
 # 0.272-0.273, 0.317-0.331 / 0.283-0.295, 0.420-0.454 / 0.370-0.373, 0.584-0.588 / 0.575-0.578.
 POLLING_GRID_GROUPS = 64
+# Most rows for which the defaults poll several states (``poll_states``); from more, a step ends in a
+# grid sync instead, which costs less than polling each gate's adjoint. H200, fp16, the reversed loop
+# of T=100, prepared, ms, polling / a grid sync, two runs in one command: LSTM (B, H) = (16, 512)
+# 0.431-0.447 / 0.414-0.432, (16, 1024) 0.720-0.744 / 0.672-0.707, (32, 512) 0.705-0.709 /
+# 0.614-0.615, (64, 1024) 1.443-1.460 / 1.165-1.192; GRU (8, 512) 0.318-0.330 / 0.349-0.367,
+# (16, 512) 0.386-0.389 / 0.392-0.396, (16, 1024) 0.572-0.587 / 0.491-0.506, (64, 1024) 0.923-0.952 /
+# 0.808-0.831 (``benchmarks/knob_sweep.py --reversed-loop``).
+POLLING_MAX_BATCH = 8
 MAX_TILE_REGISTERS = 64  # accumulators + operand registers a thread may hold (spills beyond)
 # Staged bytes a block polls a step above which the defaults put one waiter a producer first (knob
 # poll_waiters; ``PersistentKernel.poll_operand``). H100 fp16 T=100, prepared ms, without / with waiters:
@@ -186,7 +194,8 @@ class CudaPersistent(Recipe):
         GEMM's fragments as the step loop's. On tensor cores the batch over row blocks too
         (``_row_blocks``). Where the step has reductions of its own, a grid of at most
         REDUCING_GRID_GROUPS unit groups, where it polls several states at most POLLING_GRID_GROUPS
-        (``_row_blocks``, which keeps the knobs where no such grid runs). Waiters before a polled staging above
+        (``_row_blocks``, which keeps the knobs where no such grid runs), and a grid sync a step instead
+        of the polls above POLLING_MAX_BATCH rows. Waiters before a polled staging above
         POLL_WAITERS_ABOVE_BYTES, or where no input projection is prefetched first (``poll_operand``),
         where one GEMM polls."""
         H, B = program.cell.hidden_size, program.batch
@@ -205,6 +214,7 @@ class CudaPersistent(Recipe):
             kernel = PersistentKernel.plan(program, target, k)
         elif kernel and len(kernel.polled) > 1:
             k = _row_blocks(self, program, target, k, POLLING_GRID_GROUPS)
+            k["poll_states"] = B <= POLLING_MAX_BATCH
             kernel = PersistentKernel.plan(program, target, k)
         k["poll_waiters"] = (bool(kernel and kernel.polled) and len(kernel.gemms) == 1
                              and (kernel.polled_bytes > POLL_WAITERS_ABOVE_BYTES or not kernel.hoisted))

@@ -17,6 +17,7 @@ from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inpu
 from cuda_emulator import Buffer, Fragment, Memory, Race, T, compile_text, python_expr, python_lines
 from test_custom_cell import X_IN_STEP
 from halstm.schedules import CudaPersistent
+from halstm.schedules.cuda_persistent import POLLING_MAX_BATCH
 from halstm.schedules.block_gemm import _warp_frags
 from halstm.schedules.persistent_kernel import PersistentKernel
 from halstm.schedules.step_program import Reduction, mean_of
@@ -344,26 +345,27 @@ def test_defaults_split_k_over_the_threads():
     assert g.tiles * g.split == kernel.threads and kernel.grid == 128
 
 
-@pytest.mark.parametrize("batch, hidden", [(16, 512), (64, 1024)])
+@pytest.mark.parametrize("batch, hidden", [(4, 512), (8, 1024)])
 def test_defaults_leave_out_waiters_where_several_gemms_poll(batch, hidden):
     """The backward's reversed loop of LSTM, one GEMM a gate (fp16 on Hopper): four polled states
-    (64 KiB and 512 KiB staged a step), no waiters (POLL_WAITERS_ABOVE_BYTES)."""
+    (16 KiB and 64 KiB staged a step), no waiters (POLL_WAITERS_ABOVE_BYTES)."""
     from halstm.gradients import reversed_loop
 
     adjoint = reversed_loop(halstm.LSTM(hidden, hidden), 100, batch, "float16", H100)
     program = halstm.lower(adjoint, steps=101, batch=batch, dtype="float16")
     knobs = CudaPersistent().defaults(program, H100)
     kernel = PersistentKernel.plan(program, H100, knobs)
-    assert len(kernel.gemms) == 4 and len(kernel.polled) == 4 and kernel.polled_bytes > 32 * 1024
+    assert len(kernel.gemms) == 4 and len(kernel.polled) == 4 and kernel.polled_bytes >= 16 * 1024
     assert not knobs["poll_waiters"]
 
 
 @pytest.mark.parametrize("cell, batch, hidden, units, row_blocks", [
     (halstm.LSTM, 16, 512, 8, 1), (halstm.GRU, 1, 256, 4, 1), (halstm.LSTM, 16, 1024, 16, 1),
-    (halstm.LSTM, 64, 1024, 16, 2)])  # 64 groups of 16 units already
+    (halstm.LSTM, 64, 1024, 16, 2), (halstm.GRU, 8, 512, 8, 1)])  # 64 groups of 16 units already
 def test_defaults_give_a_step_polling_several_states_few_unit_groups(cell, batch, hidden, units, row_blocks):
     """The backward's reversed loop stages every gate's adjoint a step: at most POLLING_GRID_GROUPS
-    unit groups, where the forward of the same shape takes the largest grid within the SMs."""
+    unit groups, where the forward of the same shape takes the largest grid within the SMs; it polls
+    them up to POLLING_MAX_BATCH rows, from more it ends a step in a grid sync."""
     from halstm.gradients import reversed_loop
 
     recipe = CudaPersistent()
@@ -371,7 +373,8 @@ def test_defaults_give_a_step_polling_several_states_few_unit_groups(cell, batch
     program = halstm.lower(adjoint, steps=101, batch=batch, dtype="float16")
     k = recipe.defaults(program, H100)
     assert (k["units"], k["row_blocks"]) == (units, row_blocks) and recipe.runs(program, H100, k)
-    assert len(PersistentKernel.plan(program, H100, k).polled) > 1
+    assert len(PersistentKernel.plan(program, H100, {**k, "poll_states": True}).polled) > 1
+    assert k["poll_states"] == (batch <= POLLING_MAX_BATCH)
     forward = recipe.defaults(_program(cell, batch=batch, hidden=hidden, dtype="float16"), H100)
     assert hidden // forward["units"] * forward["row_blocks"] == 128
 
