@@ -23,9 +23,10 @@ import time
 
 
 # halstm.nn's compilers by what they build (``halstm.nn._compiled``'s first key): the forward, or the one
-# that keeps its GEMM results for the backward (the CPU's while training); the backward, or the one
-# that takes the forward's kept results
-FUNCTIONS = {"forward": ("compile", "_compile_keeping"), "backward": ("compile_backward", "_compile_backward_given")}
+# that keeps its GEMM results for the backward (while training); the backward, or one that takes the
+# forward's kept results
+FUNCTIONS = {"forward": ("compile", "_compile_keeping"),
+             "backward": ("compile_backward", "_compile_backward_given", "_compile_backward_given_results")}
 
 
 def loop(args) -> dict:

@@ -60,10 +60,11 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     its GEMMs as three TF32 products each (``schedules.cuda_gemm.split_tf32``, within float32's
     tolerance; ``knobs={"tensor_cores": False}`` keeps them on FFMA cores).
     A malformed or stale record, or a database that cannot be read, is passed over with a warning
-    (``_best_record``, ``_choose``). ``keep_results`` (the CPU): the first stage's GEMM results of
-    every step stay, as the hoisted GEMMs' do, for ``sequences_keeping`` to return
-    (``lowering.kept_results``; a training forward: ``compile_backward(..., given_hoisted=True)``
-    then reads them). The choice is kept in the compiled-module cache
+    (``_best_record``, ``_choose``). ``keep_results``: where the recipe chosen for the forward can
+    (``Recipe.keeps_results``: the CPU's step loop, the persistent kernel), the first stage's GEMM
+    results of every step stay, as the hoisted GEMMs' do, for ``sequences_keeping`` to return
+    (``lowering.kept_results``; ``program.keeps_results`` says whether they do; a training forward:
+    ``compile_backward(..., given_results=True)`` then reads them). The choice is kept in the compiled-module cache
     (``cache.decided``): a later process skips the analysis it takes. Threads may call it at once:
     they compile one at a time (``BUILD_LOCK``).
     """
@@ -71,9 +72,7 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     target = targets.resolve(target)
     plan = make_plan(cell)
     steps = None if steps is None else int(steps)
-    if keep_results and target.kind != "cpu":
-        raise ValueError(f"keep_results: only the CPU's step loop keeps its GEMM results, not {target.kind}'s recipes")
-    program = lower(cell, steps, int(batch), dtype, plan, allow_tf32=allow_tf32, keep_results=keep_results)
+    program = lower(cell, steps, int(batch), dtype, plan, allow_tf32=allow_tf32)
     record = None
     if recipe is not None:
         recipe = schedules.named(recipe) if isinstance(recipe, str) else recipe
@@ -92,7 +91,8 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
         record = None
     recipe = recipe or schedules.named(choice["recipe"])
     knobs, layout = choice["knobs"], PackedLayout(**choice["layout"])
-    if layout != program.layout:
+    keep_results = keep_results and recipe.keeps_results and layout.split_k == 1
+    if layout != program.layout or keep_results:
         program = lower(cell, steps, int(batch), dtype, plan, layout, allow_tf32, keep_results)
 
     def build():

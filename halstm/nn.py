@@ -35,17 +35,24 @@ from .gradients import compile_backward
 from .lowering import cell_hash
 
 def _compile_keeping(cell, steps, batch, dtype, target, allow_tf32: bool = False):
-    """``halstm.compile`` of a training forward on the CPU: its step loop keeps the first stage's GEMM
-    results too (``keep_results``), which the backward then reads instead of computing them again
-    (LSTM (100,16,512), 2-core CPU, one GEMM over all rows less: ``docs/results.md#training``)."""
+    """``halstm.compile`` of a training forward: where its recipe can (the CPU's step loop, the
+    persistent kernel), its steps keep the first stage's GEMM results too (``keep_results``), which
+    the backward then reads instead of computing them again (``_compile_backward_given_results``).
+    LSTM fp16 (100,64,1024), H200: one GEMM over all rows less, 0.11 ms of a 2.8 ms training step;
+    ``docs/results.md#training``."""
     return compile_cell(cell, steps, batch, dtype, target, allow_tf32=allow_tf32, keep_results=True)
 
 
 def _compile_backward_given(cell, steps, batch, dtype, target, allow_tf32: bool = False):
-    """``compile_backward`` taking the forward's hoisted GEMM results (``given_hoisted``) and, on the
-    CPU, its first stage's (``given_results``: ``_compile_keeping``'s)."""
+    """``compile_backward`` taking the forward's hoisted GEMM results (``given_hoisted``)."""
+    return compile_backward(cell, steps, batch, dtype, target, allow_tf32=allow_tf32, given_hoisted=True)
+
+
+def _compile_backward_given_results(cell, steps, batch, dtype, target, allow_tf32: bool = False):
+    """``_compile_backward_given`` taking the first stage's GEMM results too (``given_results``:
+    ``_compile_keeping``'s, where its recipe kept them)."""
     return compile_backward(cell, steps, batch, dtype, target, allow_tf32=allow_tf32, given_hoisted=True,
-                            given_results=target == "cpu")
+                            given_results=True)
 
 
 # The op's key names a cell definition (its lowered expressions' hash, and _TF32_SUFFIX with allow_tf32), so
@@ -57,8 +64,8 @@ _COMPILED: dict[tuple, object] = {}  # (compiler, key, T or None, B, dtype, devi
 # the compilers whose functions serve every sequence length, by device type. H200, LSTM (100,16,512),
 # (100,64,1024) and (100,256,1024), a backward for any T against one compiled for T=100: fp16 1.04-1.06x
 # the time, TF32 1.05-1.08x (benchmarks/any_steps.py --backward); exact float32 1.03-1.07x
-_ANY_STEPS = {"cpu": {compile_cell, compile_backward, _compile_backward_given, _compile_keeping},
-              "cuda": {compile_cell, compile_backward, _compile_backward_given}}
+_ANY_STEPS = {device: {compile_cell, compile_backward, _compile_backward_given, _compile_backward_given_results,
+                       _compile_keeping} for device in ("cpu", "cuda")}
 # Device types where a batch with lengths runs each sequence to its own length (``_by_length_run``):
 # where a step's time grows with its rows. A GPU's step is bound by its latency, not its rows, and
 # runs every sequence all T steps: H100, LSTM fp16 (512,64,512) forward, lengths uniform in [1, T],
@@ -86,10 +93,10 @@ def _compiled(compiler, key: str, x: torch.Tensor):
 
 def _sequences(key: str, x: torch.Tensor, states, params, keep: bool = False) -> tuple[list[torch.Tensor], dict | None]:
     """Every state of one layer direction at every step: a (T + 1, B, H) tensor per state; with
-    ``keep``, the hoisted GEMMs' results by name too (on the CPU the first stage's as well:
-    ``_compile_keeping``), for the backward to read (else None)."""
+    ``keep``, the hoisted GEMMs' results by name too (and the first stage's where its recipe keeps
+    them: ``_compile_keeping``), for the backward to read (else None)."""
     cell = _CELLS[key]
-    f = _compiled(_compile_keeping if keep and x.device.type == "cpu" else compile_cell, key, x)
+    f = _compiled(_compile_keeping if keep else compile_cell, key, x)
     params, states = dict(zip(cell.parameters(), params)), dict(zip(cell.states, states))
     if keep:
         seqs, kept = f.sequences_keeping(x, params, states, f.program.kept)
@@ -103,7 +110,12 @@ def _gradients(key: str, x: torch.Tensor, params, seqs, grads, hoisted: dict | N
     state sequences and the gradients with respect to them (None where a state has none);
     ``hoisted``: the forward's hoisted GEMM results (``_sequences``' with ``keep``), else recomputed."""
     cell = _CELLS[key]
-    f = _compiled(compile_backward if hoisted is None else _compile_backward_given, key, x)
+    if hoisted is None:
+        f = _compiled(compile_backward, key, x)
+    elif _compiled(_compile_keeping, key, x).program.keeps_results:
+        f = _compiled(_compile_backward_given_results, key, x)
+    else:
+        f = _compiled(_compile_backward_given, key, x)
     dx, dparams, dstates = f(x, dict(zip(cell.parameters(), params)), dict(zip(cell.states, seqs)),
                              {s: g for s, g in zip(cell.states, grads) if g is not None}, hoisted)
     return [dx, *(dstates[s] for s in cell.states), *(dparams[n] for n in cell.parameters())]

@@ -29,6 +29,7 @@ from .recipe import (Recipe, activations, child_blocks, divides, inline_elementw
 
 class CpuStepLoop(Recipe):
     name = "cpu-step-loop"
+    keeps_results = True
     knobs = {"rows": (4, 2, 6, 8), "vectors": (2, 1, 3, 4), "panel": (64, 32, 128, 256)}
 
     def is_applicable(self, program, target) -> bool:

@@ -160,6 +160,7 @@ class CudaPersistent(Recipe):
     1.08-1.10, B=64 1.17-1.25 / 1.33-1.34; the knob off was not timed."""
 
     name = "cuda-persistent"
+    keeps_results = True
     knobs = {
         "threads": (256, 512, 128),
         "units": (1, 2, 3, 4, 6, 8, 12, 16, 24, 32),

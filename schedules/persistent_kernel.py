@@ -175,10 +175,10 @@ class PersistentKernel(StepGemms, GridReductions):
                   step
         """
         p, B, H = self.p, self.p.batch, self.H
-        frame = skeleton(p.plan, p.steps, B, p.dtype, p.layout, hoisted_only=True)
-        outputs = {f"{s}_next" for s in p.cell.states}
+        frame = skeleton(p.plan, p.steps, B, p.dtype, p.layout, hoisted_only=True, keep_results=p.keeps_results)
+        views = {v.name for v in frame.step_views}  # the next states, kept GEMM results
         allocs = [f'{b.buffer} = T.alloc_buffer(({B}, {H}), "float32")'
-                  for b in self.blocks if isinstance(b, Elementwise) and b.buffer not in outputs]
+                  for b in self.blocks if isinstance(b, Elementwise) and b.buffer not in views]
         allocs += [f'{r.buffer}_parts = T.alloc_buffer(({2 * B}, {self.groups}), "float32")' for r in self.reductions]
         shell = tvm.script.from_source(frame.source(_TIME_LOOP, allocs))
         self.buf = named_buffers(shell)
@@ -338,7 +338,7 @@ class PersistentKernel(StepGemms, GridReductions):
                     value = rewrite(self.on_chip(b, local, ul), [(b.row, row), (b.unit, unit)], self.buf)
                     if b.buffer in polled:  # the polled states never hold the sentinel's bits
                         value = T.call_extern(self.p.dtype, "halstm_not_sentinel", value)
-                    T.buffer_store(self.buf[b.buffer], value, [row, unit])
+                    T.buffer_store(self.buf[b.buffer], value, [row, unit + b.column])
 
     def on_chip(self, b: RowMath, local, unit, first_gate: int = 0, sums: dict | None = None):
         """``b``'s value with its reads of GEMM results and of the hoisted input projection at the own

@@ -24,6 +24,8 @@ class Recipe:
     knobs: dict[str, tuple] = {}
     # knobs that choose which kernels run: the defaults of the others follow their values (resolve)
     switches: tuple[str, ...] = ()
+    # whether its schedule of a program lowered with ``keep_results`` writes the kept GEMM results
+    keeps_results = False
 
     def is_applicable(self, program, target) -> bool:
         raise NotImplementedError

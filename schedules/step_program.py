@@ -67,8 +67,12 @@ class RowMath:
                        for load in loads(self.value))
 
 
+@dataclass(frozen=True)
 class Elementwise(RowMath):
-    """An elementwise block of the step over (B, H): it stores ``value`` at (row, unit) of ``buffer``."""
+    """An elementwise block of the step over (B, H): it stores ``value`` at (row, unit + ``column``) of
+    ``buffer`` (``column`` a whole number of H: a gate's columns of a kept GEMM result)."""
+
+    column: int = 0
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,11 @@ def _analyse_step(program, sch: Schedule) -> list | None:
             if reduction is None:
                 return None
             blocks.append(reduction)
+        elif block.name_hint.removesuffix("_kept") in gemms and block.name_hint.endswith("_kept"):
+            kept = _kept_gates(block, ivs, B, H)
+            if kept is None:
+                return None
+            blocks += kept
         elif [int(iv.dom.extent) for iv in block.iter_vars] != [B, H]:
             return None
         else:
@@ -160,6 +169,19 @@ def _analyse_step(program, sch: Schedule) -> list | None:
     if not any(isinstance(b, StepGemm) for b in blocks):
         return None  # nothing to keep on chip: the step loop runs it
     return [_simplified(b, B, H) if isinstance(b, RowMath) else b for b in blocks]
+
+
+def _kept_gates(block, ivs, B: int, H: int) -> list[Elementwise] | None:
+    """A step GEMM's results copied whole to a view of their own (the lowering's ``keep_results``),
+    over (B, a whole number of H), as an elementwise block a gate: each stores its gate's columns."""
+    extents = [int(iv.dom.extent) for iv in block.iter_vars]
+    if len(extents) != 2 or extents[0] != B or extents[1] % H:
+        return None
+    row, column = ivs
+    gates = extents[1] // H
+    return [Elementwise(block.body.buffer.name, row, column, tvm_ffi.structural_map(
+        block.body.value, (tirx.Var, lambda v, g=g: column + g * H if v.same_as(column) else v)), g * H)
+        for g in range(gates)]
 
 
 def _simplified(b: RowMath, B: int, H: int) -> RowMath:

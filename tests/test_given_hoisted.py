@@ -112,9 +112,40 @@ def test_kept_step_results_match_float64(cell_type, steps, rng):
         assert rel_err(np.asarray(backward(x, params, seqs, grads, hoisted=changed)[0], np.float64), want[0]) > 1e-3
 
 
-def test_only_the_cpu_keeps_step_results():
-    with pytest.raises(ValueError, match="only the CPU's step loop keeps"):
-        halstm.compile(halstm.LSTM(8, 8), None, 4, "float16", target=CudaTarget("sm_90", sms=132), keep_results=True)
+def test_the_persistent_kernel_stores_kept_step_results():
+    """The persistent kernel of a forward lowered with ``keep_results``: the copy of the step GEMM's
+    results over (B, 4H) read as one elementwise block a gate, each storing its gate's columns
+    into a step's view of the kept buffer (``<gemm>_steps``) from the results it holds on chip."""
+    import tvm_ffi
+    from tvm import tirx
+
+    from halstm.schedules import CudaPersistent
+    from halstm.schedules.persistent_kernel import PersistentKernel
+    from halstm.schedules.step_program import Elementwise, step_blocks
+
+    h100 = CudaTarget("sm_90", sms=132)
+    program = halstm.lower(halstm.LSTM(32, 32), None, 16, "float16", keep_results=True)
+    kept = [b for b in step_blocks(program) if isinstance(b, Elementwise) and b.buffer == "gemm0_kept"]
+    assert [b.column for b in kept] == [0, 32, 64, 96]
+    kernel = PersistentKernel.plan(program, h100, CudaPersistent().defaults(program, h100))
+    stores = []
+    tvm_ffi.structural_walk(kernel.func().body, (tirx.BufferStore, stores.append))
+    assert len([n for n in stores if n.buffer.name == "gemm0_kept"]) == 4  # a step's view of gemm0_steps
+    plain = halstm.lower(halstm.LSTM(32, 32), None, 16, "float16")
+    assert not any(isinstance(b, Elementwise) and b.buffer.endswith("_kept") for b in step_blocks(plain))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_a_gpu_forward_keeps_step_results_where_its_recipe_does():
+    """``keep_results`` on a GPU: the persistent kernel keeps them; the step loop, asked for, does
+    not (its function keeps the hoisted results alone, as without the flag)."""
+    h100 = CudaTarget("sm_90", sms=132)
+    cell = halstm.LSTM(64, 64)
+    persistent = halstm.compile(cell, None, 16, "float16", target=h100, keep_results=True)
+    assert persistent.recipe.name == "cuda-persistent" and persistent.program.keeps_results
+    assert persistent.program.kept == ["x_proj0", "gemm0_steps"]
+    step_loop = halstm.compile(cell, None, 16, "float16", target=h100, recipe="cuda-step-loop", keep_results=True)
+    assert not step_loop.program.keeps_results and step_loop.program.kept == ["x_proj0"]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
@@ -142,17 +173,26 @@ GPU = [(halstm.LSTM, "float16", (20, 16, 256)), (halstm.GRU, "float32", (20, 16,
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("cell_type, dtype, shape", GPU, ids=["{}-{}-T{}-B{}-H{}".format(c.__name__, d, *s)
                                                               for c, d, s in GPU])
-def test_given_hoisted_on_gpu_against_float64(cell_type, dtype, shape, rng):
+@pytest.mark.parametrize("keep", [False, True], ids=["hoisted", "kept-results"])
+def test_given_hoisted_on_gpu_against_float64(cell_type, dtype, shape, keep, rng):
+    """With ``keep``, a forward that keeps its step GEMMs' results where its recipe does (the
+    persistent kernel at these shapes: LSTM's rows each h_t @ weight_hh^T) and a backward taking them."""
     import torch
 
     T, B, H = shape
     cell, target = cell_type(H, H), CudaTarget.detect()
-    forward = halstm.compile(cell, None, B, dtype, target=target)
-    backward = compile_backward(cell, None, B, dtype, target=target, given_hoisted=True)
+    forward = halstm.compile(cell, None, B, dtype, target=target, keep_results=keep)
+    keeps = forward.program.keeps_results
+    assert keeps == (keep and forward.recipe.name == "cuda-persistent")
+    backward = compile_backward(cell, None, B, dtype, target=target, given_hoisted=True, given_results=keeps)
     x, params, states, grads, want = _problem(cell, T, B, rng, dtype)
     gpu = lambda d: {k: torch.from_numpy(np.asarray(v)).cuda() for k, v in d.items()}
     x_gpu, params_gpu = torch.from_numpy(x).cuda(), gpu(params)
-    seqs, kept = forward.sequences_keeping(x_gpu, params_gpu, gpu(states), _kept(forward))
+    seqs, kept = forward.sequences_keeping(x_gpu, params_gpu, gpu(states), forward.program.kept)
+    if keeps and cell_type is halstm.LSTM:
+        h = seqs["h"][:T].double().reshape(T * B, H)
+        gemm = (h @ params_gpu["weight_hh"].double().T).cpu().numpy()
+        assert rel_err(kept["gemm0_steps"][:T * B].double().cpu().numpy(), gemm) < TOLERANCE[dtype]
     got = backward(x_gpu, params_gpu, seqs, gpu(grads), hoisted=kept)
     host = (got[0].float().cpu().numpy(), *({k: v.float().cpu().numpy() for k, v in part.items()} for part in got[1:]))
     _assert_close(host, want, TOLERANCE[dtype])
