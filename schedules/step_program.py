@@ -130,12 +130,13 @@ def _analyse_step(program, sch: Schedule) -> list | None:
                 and [int(iv.dom.extent) for iv in block.iter_vars] != [B, H] and not is_reduction(sch, b)):
             sch.compute_inline(b)
     state_views = [f"{s}_t" for s in program.cell.states]
-    blocks = []
+    blocks, deferred = [], []
     for b in sch.get_child_blocks(sch.get_sblock("step")):
         block = sch.get(b)
         ivs = [iv.var for iv in block.iter_vars]
         store = block.body
         if block.name_hint in gemms:
+            blocks, deferred = blocks + deferred, []
             gemm = gemms[block.name_hint]
             update = store.value  # lowering's _gemm: acc + operand * weight
             if not (isinstance(update, tirx.Add) and isinstance(update.b, tirx.Mul)):
@@ -161,11 +162,12 @@ def _analyse_step(program, sch: Schedule) -> list | None:
             kept = _kept_gates(block, ivs, B, H)
             if kept is None:
                 return None
-            blocks += kept
+            deferred += kept  # stored after the stage's math: off the path to the next state
         elif [int(iv.dom.extent) for iv in block.iter_vars] != [B, H]:
             return None
         else:
             blocks.append(Elementwise(store.buffer.name, ivs[0], ivs[1], store.value))
+    blocks += deferred
     if not any(isinstance(b, StepGemm) for b in blocks):
         return None  # nothing to keep on chip: the step loop runs it
     return [_simplified(b, B, H) if isinstance(b, RowMath) else b for b in blocks]
