@@ -126,11 +126,12 @@ class SequenceFunction:
     the math as in PyTorch.
     """
 
-    PACKS_KEPT = 64  # scratch packs kept for a function of any T, one a sequence length
+    PLANS_KEPT = 64  # call plans kept for a function of any T, one a sequence length
 
     def __init__(self, main, signature: Signature, device):
         self._main, self.signature, self._device = main, signature, device
         self._param_names = {a.name for a in signature.args if a.role == "param"}
+        self._state_names = set(signature.states)
         self._cpu = on_cpu(device)
         given = [a for a in signature.args if a.role != "scratch"]
         self.scratch = tuple(signature.args[len(given):])  # ``halstm.scratch``: the last arguments
@@ -139,7 +140,7 @@ class SequenceFunction:
         # per argument but scratch, in call order: (arg, where a given value is: "params" or "states" or None, its key)
         self._slots = [(a, {"param": "params", "state": "states"}.get(a.role),
                         a.name[:-1] if a.role == "state" else a.name) for a in given]
-        self._packs: dict[int, Pack] = {}
+        self._plans: dict[int, tuple] = {}
 
     @property
     def slots(self) -> list:
@@ -148,14 +149,17 @@ class SequenceFunction:
         or None, its key there)."""
         return self._slots
 
-    def scratch_pack(self, steps: int) -> Pack:
-        """The scratch buffers of a call over ``steps`` steps, allocated together."""
-        pack = self._packs.get(steps)
-        if pack is None:
-            if len(self._packs) >= self.PACKS_KEPT:
-                self._packs.pop(next(iter(self._packs)))
-            pack = self._packs[steps] = Pack(a.at(steps) for a in self.scratch)
-        return pack
+    def _plan_for(self, steps: int) -> tuple[list, Pack]:
+        """A call over ``steps`` steps worked out once (the most recent ``PLANS_KEPT`` kept): per
+        argument but scratch, its ``slots`` entry with the ``Arg`` at ``steps`` and the argument's
+        name in errors; the scratch buffers, allocated together."""
+        plan = self._plans.get(steps)
+        if plan is None:
+            if len(self._plans) >= self.PLANS_KEPT:
+                self._plans.pop(next(iter(self._plans)))
+            args = [(a.at(steps), where, key, f"{where}['{key}']") for a, where, key in self._slots]
+            plan = self._plans[steps] = (args, Pack(a.at(steps) for a in self.scratch))
+        return plan
 
     @property
     def function(self):
@@ -216,25 +220,24 @@ class SequenceFunction:
         frame = as_frame(x, self._device, self._cpu)
         check_array(x, "x", (T, B, sig.input_size), sig.dtype)
         params = check_names(params, "params", self._param_names, required=True)
-        states = check_names(states or {}, "states", set(sig.states), required=False)
+        states = check_names(states or {}, "states", self._state_names, required=False)
+        args, pack = self._plan_for(T)
         tensors, outputs = [], {}
         given = {"params": params, "states": states}
-        for arg, where, key in self._slots:
-            if arg.extra_steps is not None:
-                arg = arg.at(T)
+        for arg, where, key, what in args:
             if arg.role == "steps":
                 t = T
             elif arg.role == "x":
-                t = frame.share(x.reshape(T * B, sig.input_size))
+                t = frame.share(x.reshape(arg.shape))
             elif where is not None and key in given[where]:
                 value = given[where][key]
-                check_array(value, f"{where}['{key}']", arg.shape, arg.dtype)
+                check_array(value, what, arg.shape, arg.dtype)
                 t = frame.share(value)
             else:
                 t = frame.new(arg, zeros=arg.role == "state")
                 outputs[arg.name] = t
             tensors.append(t)
-        scratch = frame.new_all(self.scratch_pack(T), reuse=self._host_buffers if reuse and self._cpu else None)
+        scratch = frame.new_all(pack, reuse=self._host_buffers if reuse and self._cpu else None)
         tensors += scratch
 
         def finish():
@@ -263,12 +266,14 @@ class HostBuffers:
     torch's CPU allocator returns a large block to the system when it is freed, and each call's first
     writes into a new one fault its pages in again (``halstm.nn.LSTM`` float32 training steps on the
     2-core CPU machine, the backward's pack reused: (100,16,512) 215 -> 191 ms, (100,64,512) 763 ->
-    682 ms). At most ``KEPT`` are kept (calls from several threads take one each)."""
+    682 ms). At most ``KEPT`` are kept (calls from several threads take one each). The buffers the
+    last call laid out in one are kept with it (``views``)."""
 
     KEPT = 2
 
     def __init__(self):
         self._free: list = []
+        self._laid_out = None  # (allocation, pack, its buffers) of the last call
 
     def take(self, nbytes: int):
         """An allocation of at least ``nbytes`` bytes, or None (those too small are dropped)."""
@@ -283,6 +288,14 @@ class HostBuffers:
     def give(self, flat) -> None:
         if len(self._free) < self.KEPT:
             self._free.append(flat)
+
+    def views(self, flat, pack: Pack, lay_out) -> list:
+        """``pack``'s buffers in ``flat`` (``lay_out(flat, pack)``), laid out again only where the last
+        call laid out others."""
+        last = self._laid_out
+        if last is None or last[0] is not flat or last[1] is not pack:
+            last = self._laid_out = (flat, pack, lay_out(flat, pack))
+        return last[2]
 
 
 class Pack:
@@ -409,7 +422,8 @@ class TorchFrame:
         """The pack's buffers, the first ``zeros`` of them zeros (one fill) and the rest uninitialised:
         views of one torch allocation (one call to the caching allocator, and one free when the last
         of them goes); with ``reuse``, one of its allocations where it has one large enough, given
-        back by ``release`` (the caller's, once the call is done with every buffer)."""
+        back by ``release`` (the caller's, once the call is done with every buffer), and the views
+        the last call made of it."""
         import torch
 
         if not pack.args:
@@ -417,16 +431,14 @@ class TorchFrame:
         flat = reuse.take(pack.nbytes + ALIGNMENT) if reuse is not None else None
         if flat is None:
             flat = torch.empty(pack.nbytes + ALIGNMENT, dtype=torch.uint8, device=self.torch_device)
-        if reuse is not None:
+        if reuse is None:
+            views = _lay_out(flat, pack)
+        else:
             self._lent = (reuse, flat)
-        start, typed, views = -flat.data_ptr() % ALIGNMENT, {}, []
+            views = reuse.views(flat, pack, _lay_out)
         if zeros:
+            start = -flat.data_ptr() % ALIGNMENT
             flat[start:start + pack.ends[zeros - 1]].zero_()
-        for dtype, shape, strides, offset, size in pack.torch_views:
-            whole = typed.get(dtype)
-            if whole is None:
-                whole = typed[dtype] = flat.view(dtype)
-            views.append(whole.as_strided(shape, strides, (start + offset) // size))
         return views
 
     def release(self) -> None:
@@ -468,6 +480,18 @@ class TorchFrame:
 
         if self.torch_device.type == "cuda":
             torch.cuda.synchronize(self.torch_device)
+
+
+def _lay_out(flat, pack: Pack) -> list:
+    """``pack``'s buffers as views of ``flat`` (a torch allocation of at least ``pack.nbytes`` +
+    ALIGNMENT bytes), from its first ALIGNMENT-aligned byte."""
+    start, typed, views = -flat.data_ptr() % ALIGNMENT, {}, []
+    for dtype, shape, strides, offset, size in pack.torch_views:
+        whole = typed.get(dtype)
+        if whole is None:
+            whole = typed[dtype] = flat.view(dtype)
+        views.append(whole.as_strided(shape, strides, (start + offset) // size))
+    return views
 
 
 def _dtype_of(value) -> str:
