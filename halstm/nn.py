@@ -173,12 +173,9 @@ class _Sequence(torch.autograd.Function):
     ``apply(key, number of states, keep, x, *states, *params)``; with ``keep``, a forward whose
     backward will run keeps its hoisted GEMMs' results for it (``RNN``'s ``recompute``). A training
     step's host time, one layer, LSTM T=5 B=2 H=16 float32 on the 2-core CPU (``TVM_NUM_THREADS=1 python
-    benchmarks/call_overhead.py LSTM 5,2,16 --training --reps 3000``, three runs each, alternating):
-    1170-1461 us, 948-1572 us before the forward's call plans and the reused scratch views
-    (``SequenceFunction._plan_for``, ``HostBuffers.views``), on a day when the machine's speed drifted
-    1.5x from run to run (torch.nn.LSTM's step: 770-1166 us); in one process, the two swapped in blocks
-    of steps, 7-9 % less (970 -> 898 us, 1403 -> 1278). An earlier day: 337-391 us, 596-684 us
-    through the ops."""
+    benchmarks/call_overhead.py LSTM 5,2,16 --training --reps 3000``): 337-391 us, 596-684 us through
+    the ops, before the call plans (``SequenceFunction._plan_for``) and the reused scratch views
+    (``HostBuffers.views``) took 7-9 % off it (the two ways swapped in blocks of steps in one process)."""
 
     @staticmethod
     def forward(ctx, key, count, keep, x, *tensors):
