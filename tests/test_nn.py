@@ -258,6 +258,22 @@ def test_on_a_gpu_the_backward_serves_every_length(dtype, monkeypatch):
     assert {k[2] for k in halstm.nn._COMPILED if k[0] in ("compile", "_compile_keeping")} == {None}
 
 
+def test_training_recomputes_step_results_where_the_forward_recipe_keeps_none(monkeypatch):
+    """A training forward whose recipe does not keep its step GEMM results (as the GPU's step loop):
+    the backward takes the hoisted results alone and computes the step GEMMs again; the gradients
+    still torch's."""
+    from halstm.schedules import CpuStepLoop
+
+    monkeypatch.setattr(halstm.nn, "_COMPILED", {})
+    monkeypatch.setattr(CpuStepLoop, "keeps_results", False)
+    ours, theirs = twins(halstm.nn.LSTM, torch.nn.LSTM, input_size=5, hidden_size=6)
+    for module in (ours, theirs):
+        backward(*module(torch.randn(4, 2, 5, generator=torch.Generator().manual_seed(0))))
+    assert all(rel_err(p.grad.numpy(), q.grad.numpy()) < 1e-4 for p, q in zip(ours.parameters(), theirs.parameters()))
+    assert sorted(k[0] for k in halstm.nn._COMPILED) == ["_compile_backward_given", "_compile_keeping"]
+    assert not next(f for k, f in halstm.nn._COMPILED.items() if k[0] == "_compile_keeping").program.keeps_results
+
+
 @pytest.mark.parametrize("recompute", [False, True])
 def test_training_compiles_once_for_every_sequence_length(monkeypatch, recompute):
     """Training steps over several lengths on the CPU: each layer's forward and backward compiled
