@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import halstm
-from conftest import TOLERANCE, gpu_available, outputs_on_gpu, random_inputs, rel_err
+from conftest import TOLERANCE, gpu_available, outputs_on_gpu, random_inputs, rel_err, representative
 from halstm import schedules
 from halstm.cells import BUILTIN
 from halstm.lowering import NOMINAL_STEPS, lower, max_steps
@@ -77,10 +77,19 @@ def test_steps_must_be_a_positive_integer_or_none():
         halstm.compile(halstm.LSTM(4, 4), True, 1)
 
 
-@pytest.mark.parametrize("batch", [1, 16, 64])
-@pytest.mark.parametrize("dtype, input_size", [("float16", 64), ("float16", 48), ("float32", 64)])
-@pytest.mark.parametrize("recipe", CUDA_RECIPES, ids=lambda r: r.name)
-@pytest.mark.parametrize("cell_type", BUILTIN.values(), ids=lambda c: c.__name__)
+SCHEDULE_CASES = [(c, r, d, i, b) for c in BUILTIN.values() for r in CUDA_RECIPES
+                  for d, i in (("float16", 64), ("float16", 48), ("float32", 64)) for b in (1, 16, 64)]
+SCHEDULE_IDS = [f"{c.__name__}-{r.name}-{d}-{i}-{b}" for c, r, d, i, b in SCHEDULE_CASES]
+# CI: each cell x recipe at the four settings of distinct GEMM paths on an H100 (fp16 B=1: an FFMA
+# step beside a wgmma hoisted GEMM; K=48 B=16: WMMA; B=64: wgmma, the persistent kernel's row
+# blocks; fp32 B=16: exact fp32 as three TF32 wgmma products), every setting for LSTM and SRU (one
+# cell of each recipe); the other settings repeat those paths with another batch (slow).
+SCHEDULE_SETTINGS_IN_CI = ("float16-64-1", "float16-48-16", "float16-64-64", "float32-64-16")
+SCHEDULE_IN_CI = [n for n in SCHEDULE_IDS if n.startswith(("LSTM-", "SRU-")) or n.endswith(SCHEDULE_SETTINGS_IN_CI)]
+
+
+@pytest.mark.parametrize("cell_type, recipe, dtype, input_size, batch",
+                         representative(SCHEDULE_CASES, SCHEDULE_IDS, SCHEDULE_IN_CI))
 def test_cuda_recipes_schedule_any_length(cell_type, recipe, dtype, input_size, batch):
     """Scheduling (building is the GPU test's): the hoisted GEMMs' rows and the time loop symbolic,
     on tensor cores (wgmma: a kernel a row tile, the tiles along the grid; WMMA where K = 48 is no

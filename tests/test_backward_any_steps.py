@@ -3,6 +3,8 @@ over all T*B rows take T as their first argument, its reversed loop is compiled 
 for T + 1 steps), T read off each call's x, gradients against float64 at several T; bad T refused
 before anything runs."""
 
+import functools
+
 import numpy as np
 import pytest
 from conftest import TF32_TOLERANCE, TOLERANCE, gpu_available, random_inputs, rel_err, representative
@@ -22,10 +24,25 @@ def no_disk_cache(monkeypatch):
     monkeypatch.setenv("HALSTM_CACHE", "0")
 
 
+@functools.cache
+def forward(cell_type, input_size, hidden_size, batch):
+    """The forward for any T, compiled once a process for a cell type and size: every T's
+    problem reads its state sequences from it."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("HALSTM_CACHE", "0")  # a test that turns the disk cache on stores no forward of this
+        return halstm.compile(cell_type(input_size, hidden_size), None, batch, database=False)
+
+
+@functools.cache
+def backward_for_any_length(cell_type, batch=B):
+    """``compile_backward(cell_type(I, H), None, batch)``, once a process: tests that only call it share it."""
+    return compile_backward(cell_type(I, H), None, batch, database=False)
+
+
 def problem(cell, T, rng, batch=B):
     """Inputs, the forward's state sequences (compiled for any T) and random gradients at every step."""
     x, params, states = random_inputs(cell, T, batch, rng)
-    seqs = halstm.compile(cell, None, batch, database=False).sequences(x, params, states)
+    seqs = forward(type(cell), cell.input_size, cell.hidden_size, batch).sequences(x, params, states)
     grads = {s: rng.standard_normal((T + 1, batch, cell.hidden_size)).astype(np.float32) for s in cell.states}
     return x, params, states, seqs, grads
 
@@ -43,7 +60,7 @@ def check(got, want, what):
 @pytest.mark.parametrize("cell_type", BUILTIN.values(), ids=lambda c: c.__name__)
 def test_one_cpu_backward_serves_every_length(cell_type, rng):
     cell = cell_type(I, H)
-    backward = compile_backward(cell, None, B, database=False)
+    backward = backward_for_any_length(cell_type)
     assert backward.program.steps is None and backward.adjoint.signature.steps is None
     for T in STEPS:
         x, params, states, seqs, grads = problem(cell, T, rng)
@@ -80,7 +97,7 @@ def test_float16_against_float64(rng):
 
 def test_a_state_left_out_of_grads_has_zero_gradient(rng):
     cell = halstm.LSTM(I, H)
-    backward = compile_backward(cell, None, B, database=False)
+    backward = backward_for_any_length(halstm.LSTM)
     for T in (2, 5):
         x, params, states, seqs, grads = problem(cell, T, rng)
         grads = {"h": grads["h"]}
