@@ -154,10 +154,13 @@ class CudaPersistent(Recipe):
     warp's weight fragments in registers for all steps where at most MAX_RESIDENT_FRAGS fit;
     ``poll_waiters`` puts one waiter a producer before the polled staging (``poll_operand``);
     ``merge_variances`` sums a variance of the step's own reductions in its mean's round
-    (``PersistentKernel.variances``). Prepared ms, fp16 T=100 I=H=512, H100, this kernel merged / the
-    kernel before the knob (a round each, no alternating parts), medians of two processes each:
-    LayerNormGRU B=16 0.72-0.74 / 0.77-0.80, B=64 0.88-0.91 / 0.85-0.86, LayerNormLSTM B=16 1.05-1.07 /
-    1.08-1.10, B=64 1.17-1.25 / 1.33-1.34; the knob off was not timed."""
+    (``PersistentKernel.variances``; prepared ms, fp16 T=100 I=H=512, H100, merged / the kernel
+    before the knob, a round each: LayerNormGRU B=16 0.72-0.74 / 0.77-0.80, B=64 0.88-0.91 /
+    0.85-0.86, LayerNormLSTM B=16 1.05-1.07 / 1.08-1.10, B=64 1.17-1.25 / 1.33-1.34); ``poll_sums``
+    has a block read a round's partial sums as they arrive, tagged with their step, instead of after
+    a grid sync (``GridReductions.stage_parts``; prepared ms, the same shapes, H200, with / without
+    it, two runs in one process: LayerNormGRU B=16 0.410-0.414 / 0.482-0.484, LayerNormLSTM B=16
+    0.647-0.678 / 0.722-0.752, at B=64 within 3 % of each other)."""
 
     name = "cuda-persistent"
     keeps_results = True
@@ -184,6 +187,8 @@ class CudaPersistent(Recipe):
         "wgmma": (True, False),
         # a layer norm's variance summed in its mean's round (one grid sync for both), or a round after
         "merge_variances": (True, False),
+        # a round's partial sums read as they arrive, tagged with their step, instead of after a grid sync
+        "poll_sums": (True, False),
     }
     build_options = {"cooperative": True}
     switches = ("wgmma",)
@@ -268,9 +273,9 @@ class CudaPersistent(Recipe):
     def valid(self, program, target, knobs) -> bool:
         """It runs; tc_hoisted_frags stays at its first value where the hoisted GEMM is not on
         WMMA tensor cores, wgmma where there is none, stage_operand, poll_states, resident_weights
-        poll_waiters and merge_variances where they change nothing (the operand is not staged anyway,
-        or cannot stream; no state is polled; no warp's weight fragments fit in registers; no
-        variance): each would only repeat a candidate."""
+        poll_waiters, merge_variances and poll_sums where they change nothing (the operand is not
+        staged anyway, or cannot stream; no state is polled; no warp's weight fragments fit in
+        registers; no variance; no reduction): each would only repeat a candidate."""
         if not (hoisted_knobs_matter(self, program, target, knobs) and self.runs(program, target, knobs)):
             return False
         kernel = PersistentKernel.plan(program, target, knobs)
@@ -282,6 +287,8 @@ class CudaPersistent(Recipe):
             return False
         if not knobs["merge_variances"] and not PersistentKernel.plan(
                 program, target, {**knobs, "merge_variances": True}).variances:
+            return False
+        if not knobs["poll_sums"] and not kernel.reductions:
             return False
         staged = PersistentKernel.plan(program, target, {**knobs, "stage_operand": True}).staged
         return knobs["stage_operand"] or staged and not kernel.staged

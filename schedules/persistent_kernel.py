@@ -62,7 +62,7 @@ class PersistentKernel(StepGemms, GridReductions):
         self.operands = staged_operands(self.gemms)
         self.threads, self.units, self.row_blocks = knobs["threads"], knobs["units"], knobs["row_blocks"]
         self.poll, self.waiters = knobs["poll_states"], knobs["poll_waiters"]
-        self.merge_variances = knobs["merge_variances"]
+        self.merge_variances, self.poll_sums = knobs["merge_variances"], knobs["poll_sums"]
         self.H = program.cell.hidden_size
         self.groups = self.H // self.units  # unit groups; block p_bx has group p_bx % groups
         self.rows = program.batch // self.row_blocks  # rows of the batch a block; from row p_bx // groups * rows
@@ -148,9 +148,12 @@ class PersistentKernel(StepGemms, GridReductions):
             out += [(a.name, a.rows * a.stride, a.dtype, "shared.dyn")
                     for a in dict.fromkeys(self.operands.values())]
         out += [(f"x_s{i}", self.rows * C, "float32", "shared.dyn") for i, _, C in self.hoisted]
-        out += [(f"{r.buffer}_s", self.rows, "float32", "shared.dyn") for r in self.reductions]
         if self.reductions:
-            out.append(("sum_s", self.scratch_size(), "float32", "shared.dyn"))
+            out.append(("sums_s", len(self.reductions) * self.rows, "float32", "shared.dyn"))
+            out.append(("terms_s", self.scratch_size(), "float32", "shared.dyn"))
+        if self.reductions and self.poll_sums:
+            out.append(("parts_s", max(len(level) for level in self.rounds()) * self.rows * self.groups,
+                        "float32", "shared.dyn"))
         out = [(name, round_up(size, SHARED_GRANULE // BYTES[dtype]), dtype, scope)
                for name, size, dtype, scope in out]
         # registers: the FFMA tile (the WMMA fragments: tensor_core_gemm)
@@ -179,7 +182,9 @@ class PersistentKernel(StepGemms, GridReductions):
         views = {v.name for v in frame.step_views}  # the next states, kept GEMM results
         allocs = [f'{b.buffer} = T.alloc_buffer(({B}, {H}), "float32")'
                   for b in self.blocks if isinstance(b, Elementwise) and b.buffer not in views]
-        allocs += [f'{r.buffer}_parts = T.alloc_buffer(({2 * B}, {self.groups}), "float32")' for r in self.reductions]
+        if self.reductions:  # a reduction's rows of parts, two halves (``parts_row``); tagged: ``store_part``
+            parts = "uint64" if self.poll_sums else "float32"
+            allocs.append(f'sum_parts = T.alloc_buffer(({len(self.reductions) * 2 * B}, {self.groups}), "{parts}")')
         shell = tvm.script.from_source(frame.source(_TIME_LOOP, allocs))
         self.buf = named_buffers(shell)
         self.steps = p.steps or self.buf[STEPS]  # the function's variable where it serves any T
@@ -220,6 +225,7 @@ class PersistentKernel(StepGemms, GridReductions):
                 self.flat(size, lambda q, name=name, dtype=dtype: T.buffer_store(self.buf[name], zero(dtype), [q]))
         for state in self.polled:
             self.fill_sentinel(state)
+        self.clear_parts()
         resident = [g for g in self.gemms if g.resident]
         if resident:  # from the weights in shared memory, once they are all there
             sync_threads()
@@ -350,7 +356,7 @@ class PersistentKernel(StepGemms, GridReductions):
         H, U = self.H, self.units
         gemms = {g.name: g for g in self.gemms}
         hoisted = {f"{name}_t": (i, C) for i, name, C in self.hoisted}
-        reductions = {r.buffer for r in self.reductions}
+        reductions = {r.buffer: r for r in self.reductions}
 
         def read(load):
             name, gate = load.source.name, b.gate_column(load, H)
@@ -363,7 +369,7 @@ class PersistentKernel(StepGemms, GridReductions):
                 i, C = hoisted[name]
                 return self.buf[f"x_s{i}"][local * C + gate + unit]
             if name in reductions:
-                return sums[name] if sums and name in sums else self.buf[f"{name}_s"][local]
+                return sums[name] if sums and name in sums else self.sum_of(reductions[name], local)
             return load
 
         return tvm_ffi.structural_map(b.value, (TensorLoad, read))

@@ -159,7 +159,8 @@ def tf32_fragments(source: str) -> str:
 # Device functions that recipes call by name (T.call_extern), defined in a kernel's source where it
 # calls them. The persistent kernel's step synchronised through the states' values
 # (schedules/persistent_kernel.py, PersistentKernel.polled): the not-yet-written values hold a sentinel, a NaN
-# with every bit set, that no stored value may have.
+# with every bit set, that no stored value may have; its reductions' partial sums through values tagged
+# with their step (schedules/persistent_reductions.py, GridReductions.store_part).
 DEVICE_HELPERS = r"""
 template <int N> __device__ __forceinline__ void halstm_load_relaxed(unsigned int* w, const void* p) {
   // N bytes (2, 4, 8 or 16) at p in global memory as 32-bit words, read past L1 (other SMs write them)
@@ -207,6 +208,34 @@ template <int W> __device__ __forceinline__ void halstm_wait_value(bool poll, co
   // with poll, until the W-byte value at p is not the sentinel
   unsigned int w[4];
   if (poll) do { halstm_load_relaxed<W>(w, p); } while (halstm_has_sentinel<W, W>(w));
+}
+
+__device__ __forceinline__ void halstm_store_part(void* p, unsigned int tag, float v) {
+  // a partial sum and the step it belongs to (tag), in one 8-byte store
+  unsigned long long w = (unsigned long long)tag << 32 | __float_as_uint(v);
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(w) : "memory");
+}
+
+template <typename... P> __device__ __forceinline__ void halstm_poll_parts(unsigned int tag, P... pointers) {
+  // pointers: (destination, source) pairs of partial sums stored by halstm_store_part; the sources
+  // all loaded at once, read past L1, those of another tag again (together) until none is; then
+  // the values stored
+  constexpr int n = sizeof...(P) / 2;
+  void* p[] = {(void*)pointers...};
+  unsigned long long w[n];
+#pragma unroll
+  for (int i = 0; i < n; ++i) asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w[i]) : "l"(p[2 * i + 1]) : "memory");
+  for (bool missing = true; missing;) {
+    missing = false;
+#pragma unroll
+    for (int i = 0; i < n; ++i)
+      if ((unsigned int)(w[i] >> 32) != tag) {
+        missing = true;
+        asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w[i]) : "l"(p[2 * i + 1]) : "memory");
+      }
+  }
+#pragma unroll
+  for (int i = 0; i < n; ++i) *(float*)p[2 * i] = __uint_as_float((unsigned int)w[i]);
 }
 
 template <int N> struct halstm_bits;

@@ -55,8 +55,9 @@ def broadcast(value, lanes):
 
 
 class Buffer:
-    def __init__(self, name, array, memory, shared=False, row=0):
+    def __init__(self, name, array, memory, shared=False, row=0, tags=None):
         self.name, self.array, self.memory, self.shared, self.row = name, array, memory, shared, row
+        self.tags = {} if tags is None else tags  # the step tag of each element written tagged
 
     def _key(self, idx):
         key = idx if isinstance(idx, tuple) else (idx,)
@@ -87,7 +88,7 @@ class Buffer:
         self.array[key] = value
 
     def view(self, row):
-        return Buffer(self.name, self.array, self.memory, self.shared, row)
+        return Buffer(self.name, self.array, self.memory, self.shared, row, self.tags)
 
     def flat_key(self, offset):
         """The index of flat element ``offset`` (row-major) of this buffer or view."""
@@ -100,6 +101,22 @@ class Buffer:
         self.memory.access(self.name, key, self.shared, polled=True)
         if math.isnan(self.array[key]):
             raise Race(f"{self.name}{list(key)} polled before anyone wrote it (the kernel would wait forever)")
+        return self.array[key]
+
+    def store_tagged(self, offset, tag, value):
+        """A value written with the step it belongs to (``halstm_store_part``)."""
+        key = self._key(self.flat_key(offset))
+        self.memory.access(self.name, key, self.shared, float(value))
+        self.array[key], self.tags[key] = value, tag
+
+    def poll_tagged(self, offset, tag):
+        """The value a read waiting for ``tag`` returns (``halstm_poll_parts``): in an emulation that
+        runs phase by phase, it must carry that tag by now."""
+        key = self._key(self.flat_key(offset))
+        self.memory.access(self.name, key, self.shared, polled=True)
+        if self.tags.get(key) != tag:
+            raise Race(f"{self.name}{list(key)} polled for tag {tag} holds tag {self.tags.get(key)} "
+                       "(the kernel would wait forever)")
         return self.array[key]
 
     def access_ptr(self, mask, ptr_type=None, offset=0):
@@ -135,7 +152,7 @@ class T:
 
     min, max, unroll, vectorized = min, max, range, range
     float32 = float
-    uint16 = uint32 = int
+    uint16 = uint32 = uint64 = int
 
     @staticmethod
     def reinterpret(dtype, bits):
@@ -147,6 +164,14 @@ class T:
         """The device helpers of targets/cuda.py that kernels call."""
         if name == "halstm_not_sentinel":
             return args[0]
+        if name == "halstm_store_part":
+            (buffer, offset), tag, value = args
+            return buffer.store_tagged(offset, tag, value)
+        if name == "halstm_poll_parts":
+            tag, pointers = args[0], args[1:]
+            for (dst, at), (src, offset) in zip(pointers[::2], pointers[1::2]):
+                dst[dst.flat_key(at)] = src.poll_tagged(offset, tag)
+            return None
         if name.startswith("halstm_wait_value<"):
             (src, offset), = args[1:]
             if args[0]:

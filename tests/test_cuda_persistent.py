@@ -243,10 +243,10 @@ def test_tensor_cores_pruned_where_they_cannot_run():
     gru64 = _program(halstm.ResetBeforeGRU, batch=64, hidden=1024, dtype="float16")
     assert not any(k["tensor_cores"] and not k["stage_operand"] for k in recipe.space(gru64, H100))
     # on tensor cores the register tile changes nothing, on FFMA warp_frags: one candidate each
-    program = _program(dtype="float16")
+    space = recipe.space(_program(dtype="float16"), H100)  # once: 10 s of the CPU machine's time a call
     for tensor_cores, moot in ((True, ("tile_rows", "tile_cols")), (False, ("warp_frags",))):
         settings = [tuple(v for n, v in k.items() if n not in moot)
-                    for k in recipe.space(program, H100) if k["tensor_cores"] == tensor_cores]
+                    for k in space if k["tensor_cores"] == tensor_cores]
         assert settings and len(settings) == len(set(settings))
 
 
@@ -603,8 +603,9 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
     for b in kernel.elementwise_blocks:
         if b.buffer not in {f"{s}_next" for s in cell.states}:
             env[b.buffer] = Buffer(b.buffer, np.zeros((B, H)), memory)
-    for r in kernel.reductions:  # the unit groups' partial sums of each row
-        env[f"{r.buffer}_parts"] = Buffer(f"{r.buffer}_parts", np.full((2 * B, kernel.groups), np.nan), memory)
+    if kernel.reductions:  # the unit groups' partial sums of each reduction's rows
+        parts = np.full((len(kernel.reductions) * 2 * B, kernel.groups), np.nan)
+        env["sum_parts"] = Buffer("sum_parts", parts, memory)
     buffers = {b.name: (int(b.shape[0]), b.scope()) for b in persistent.alloc_buffers}
     assert buffers == {n: (size, scope) for n, size, _, scope in kernel.buffers()}
     blocks = [{n: Buffer(n, np.full(size, np.nan), memory, shared=True) for n, size, _, scope in kernel.buffers()
@@ -701,6 +702,58 @@ def test_layer_norm_variance_runs_in_its_mean_round(cell, rounds):
         for level in rounds for n in range(2)]
 
 
+def _calls(node) -> list[str]:
+    """The calls in ``node``: an extern call by its function's name, another by its op's."""
+    names = []
+    tvm_ffi.structural_walk(node, (tvm.ir.Call, lambda c: names.append(
+        c.args[0].value if c.op.name == "tirx.call_extern" else c.op.name) and None))
+    return names
+
+
+def _step_calls(func) -> list[str]:
+    """The grid syncs and device helpers the kernel's time loop calls, in order."""
+    return [n for n in _calls(_kernel_parts(func)[3]) if n == "tirx.cuda.grid_sync" or n.startswith("halstm_")]
+
+
+@pytest.mark.parametrize("cell, rounds", [(halstm.LayerNormGRU, 1), (halstm.LayerNormLSTM, 2)],
+                         ids=lambda v: getattr(v, "__name__", str(v)))
+def test_polled_sums_replace_the_rounds_grid_syncs(cell, rounds):
+    """poll_sums: a round's parts are stored tagged with the step and polled, and the step (its
+    states polled too) has no grid sync; without the knob, a grid sync a round."""
+    program = _program(cell, batch=16, hidden=64, dtype="float16")
+    polled = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {}))
+    assert polled.poll_sums and polled.polled == tuple(cell.states[:1])
+    calls = _step_calls(polled.func())
+    assert "tirx.cuda.grid_sync" not in calls
+    assert calls.count("halstm_poll_parts") >= rounds and "halstm_store_part" in calls
+    synced = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {"poll_sums": False}))
+    calls = _step_calls(synced.func())
+    assert calls.count("tirx.cuda.grid_sync") == rounds
+    assert not [c for c in calls if c in ("halstm_poll_parts", "halstm_store_part")]
+
+
+@pytest.mark.parametrize("cell", [halstm.LayerNormLSTM, halstm.LayerNormGRU], ids=lambda c: c.__name__)
+def test_reductions_generate_cuda_for_a_single_row(cell):
+    """One row a block and a phase of one reduction (c's mean): the sums' passes store to shared
+    memory where TVM's barriers cannot go inside their conditions (it failed to generate code)."""
+    _generate(cell(32, 50), 4, 1, "float32")
+
+
+def test_emulator_finds_parts_polled_before_they_are_stored():
+    """Without the barrier between the block's stores of its parts and its polls, the emulation
+    (a phase at a time, block after block) finds a block polling parts that no block stored yet."""
+    B, I, H, knobs = EMULATED[0]
+    knobs = {"tensor_cores": False, **knobs}
+    program = _program(halstm.LayerNormGRU, batch=B, hidden=H, inputs=I)
+    kernel = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, knobs))
+    stmts = list(_kernel_parts(kernel.func())[-1].body.seq)
+    polls = next(n for n, stmt in enumerate(stmts) if "halstm_poll_parts" in _calls(stmt))
+    assert _is_sync(stmts[polls - 1], "tirx.tvm_storage_sync")
+    _emulate(halstm.LayerNormGRU(I, H), 2, B, knobs)
+    with pytest.raises(Race, match="polled for tag 1"):
+        _emulate(halstm.LayerNormGRU(I, H), 2, B, knobs, unsynced={polls - 1})
+
+
 def test_mean_of_finds_a_variance_only_around_the_mean_of_its_own_value():
     row, unit = tvm.tirx.Var("row", "int32"), tvm.tirx.Var("unit", "int32")
     a, b = (tvm.tirx.decl_buffer((4, 8), "float32", name=n) for n in "ab")
@@ -721,8 +774,8 @@ def test_mean_of_finds_a_variance_only_around_the_mean_of_its_own_value():
 
 
 @pytest.mark.parametrize("knobs", [{}, {"tensor_cores": True, "threads": 64}, {"row_blocks": 3},
-                                   {"merge_variances": False}],
-                         ids=["ffma", "tensor-cores", "row-blocks", "variance-after-mean"])
+                                   {"merge_variances": False}, {"poll_sums": False}],
+                         ids=["ffma", "tensor-cores", "row-blocks", "variance-after-mean", "grid-synced-sums"])
 @pytest.mark.parametrize("cell", [halstm.LayerNormLSTM, halstm.LayerNormGRU], ids=lambda c: c.__name__)
 def test_emulated_layer_norm_matches_reference_without_races(cell, knobs):
     """A cell's own reductions (layer norms over a gate's or all gates' columns, the variance with
@@ -902,7 +955,8 @@ def test_tensor_cores_match_reference_on_gpu(cell, dtype, batch, hidden, knobs, 
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA device")
 @pytest.mark.parametrize("batch, hidden, knobs", [(1, 50, {}), (16, 200, {}), (64, 256, {}), (32, 256, {"row_blocks": 2, "units": 4}),
                                                   (16, 128, {"poll_states": False}),
-                                                  (16, 128, {"merge_variances": False})], ids=lambda v: str(v))
+                                                  (16, 128, {"merge_variances": False}),
+                                                  (16, 128, {"poll_sums": False})], ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cell", [halstm.LayerNormLSTM, halstm.LayerNormGRU], ids=lambda c: c.__name__)
 def test_layer_norm_matches_reference_on_gpu(cell, dtype, batch, hidden, knobs, rng):
