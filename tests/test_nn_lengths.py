@@ -10,6 +10,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence  # noqa
 
 import halstm.nn  # noqa: E402
 from halstm.nn import bucket, segments  # noqa: E402
+from conftest import representative  # noqa: E402
 from test_nn_inputs import PAIRS, as_tuple, flat, same, states  # noqa: E402
 
 I, H, T, B = 3, 4, 9, 20  # B > 8: calls over fewer rows than the batch
@@ -51,7 +52,9 @@ def _twins(ours, theirs):
     return module, reference
 
 
-@pytest.mark.parametrize("ours, theirs", PAIRS, ids=["LSTM", "GRU"])
+# CI: LSTM (two states, the tuple hx); GRU runs the same segments with one state (slow: 30 s of compiles
+# on the 2-core CPU machine, a forward and a backward for each bucket of rows and input width)
+@pytest.mark.parametrize("ours, theirs", representative(PAIRS, ["LSTM", "GRU"], ["LSTM"]))
 def test_each_sequence_stops_at_its_length_with_torch_packed_results_and_gradients(ours, theirs, monkeypatch):
     torch.manual_seed(1)
     module, reference = _twins(ours, theirs)
