@@ -14,9 +14,12 @@ import training_gpu  # noqa: E402
 def test_cpu_contenders_alternate_in_processes_of_their_own(tmp_path):
     """The CPU's baseline is torch.nn ("torch", not cuDNN); halstm and torch each run --rounds times,
     alternating, each run a process of its own; a row gives each one's median and its rounds."""
+    # OpenMP's waiting set: torch a process a round, not two (both ways: the test below); the module
+    # cache on: the second round's halstm process loads what the first compiled
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HALSTM_CACHE": "1", "HALSTM_CACHE_DIR": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "training_gpu.py"), "--device", "cpu",
                            "--tiny", "--cells", "LSTM", "--rounds", "2", "--threads", "1", "--out", str(tmp_path)],
-                          capture_output=True, text=True, cwd=ROOT)
+                          capture_output=True, text=True, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads((tmp_path / "results.json").read_text())
     [row] = found["rows"]
