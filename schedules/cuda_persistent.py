@@ -108,10 +108,15 @@ PREFERRED_MAX_BATCH = 64
 # 0.203; H=512 LSTM B=2 0.206 / 0.225, B=4 0.226 / 0.213, B=8 0.288 / 0.253, GRU B=4 0.245 / 0.204,
 # B=8 0.298 / 0.221; PeepholeLSTM B=4 0.228 / 0.237 (the one exception), B=8 0.306 / 0.270.
 TENSOR_CORE_MIN_BATCH = 4
-# Most unit groups the defaults give a step with reductions of its own (a layer norm): a round of
-# partial sums ends in a grid sync, and every block then reads each group's parts of its rows, both
-# dearer with more blocks.
+# Most unit groups the defaults give a step with reductions of its own (a layer norm): every block
+# reads each group's partial sums of its rows a round, dearer with more blocks.
 REDUCING_GRID_GROUPS = 32
+# Fewest threads a block the defaults give such a step for each row of its batch, up to the most the
+# knob offers: the block's threads share its rows' sums (``GridReductions.lanes``). H200, fp16 T=100
+# I=H=512, prepared ms, 256 / 512 threads, two runs in one process: at B=64 (two row blocks of 32 rows)
+# LayerNormGRU 0.798-0.812 / 0.715-0.724, LayerNormLSTM 1.029-1.038 / 0.919-0.925; at B=16 (16 rows)
+# 0.416-0.443 / 0.500-0.508 and 0.658-0.669 / 0.702-0.730.
+REDUCING_THREADS_A_ROW = 16
 # Most unit groups the defaults give a step that polls several states (the backward's reversed loop,
 # a GEMM a gate's adjoint): each block stages every gate's adjoint of its rows a step, four times the
 # forward's h for LSTM, and fewer blocks read less of it. H200, fp16, the reversed loop of T=100,
@@ -200,7 +205,8 @@ class CudaPersistent(Recipe):
         GEMM's fragments as the step loop's. On tensor cores the batch over row blocks too
         (``_row_blocks``). Where the step has reductions of its own, a grid of at most
         REDUCING_GRID_GROUPS unit groups, where it polls several states at most POLLING_GRID_GROUPS
-        (``_row_blocks``, which keeps the knobs where no such grid runs), and a grid sync a step instead
+        (``_row_blocks``, which keeps the knobs where no such grid runs) and, on tensor cores,
+        REDUCING_THREADS_A_ROW threads a row of a block's batch where they run, and a grid sync a step instead
         of the polls above POLLING_MAX_BATCH rows. Waiters before a polled staging above
         POLL_WAITERS_ABOVE_BYTES, or where no input projection is prefetched first (``poll_operand``),
         where one GEMM polls."""
@@ -217,6 +223,10 @@ class CudaPersistent(Recipe):
         kernel = PersistentKernel.plan(program, target, k)
         if kernel and kernel.reductions:
             k = _row_blocks(self, program, target, k, REDUCING_GRID_GROUPS)
+            rows = B // k["row_blocks"] if k["tensor_cores"] else 0  # the FFMA tile's threads: not measured
+            more = [{**k, "threads": n} for n in sorted(self.knobs["threads"])
+                    if k["threads"] < n <= max(REDUCING_THREADS_A_ROW * rows, k["threads"])]
+            k = next((m for m in reversed(more) if self.runs(program, target, m)), k)
             kernel = PersistentKernel.plan(program, target, k)
         elif kernel and len(kernel.polled) > 1:
             k = _row_blocks(self, program, target, k, POLLING_GRID_GROUPS)

@@ -264,17 +264,19 @@ def test_defaults_split_the_batch_over_row_blocks(batch, hidden, units, row_bloc
     assert [g.frags for g in kernel.gemms] == [frags]
 
 
-@pytest.mark.parametrize("cell, batch, hidden, units, row_blocks", [
-    (halstm.LayerNormGRU, 16, 512, 16, 1), (halstm.LayerNormLSTM, 64, 512, 16, 2),
-    (halstm.LayerNormGRU, 3, 333, 37, 1),  # FFMA: 9 groups of 37 units
-    (halstm.LayerNormGRU, 64, 1024, 16, 2),  # no setting of at most 32 groups runs: the largest grid
-    (halstm.LSTM, 16, 512, 4, 1)])  # no sums: the largest grid
-def test_defaults_give_a_step_with_sums_few_unit_groups(cell, batch, hidden, units, row_blocks):
-    """Each round of a layer norm's partial sums ends in a grid sync, and every block then reads each
-    unit group's parts: at most REDUCING_GRID_GROUPS groups where a setting runs."""
+@pytest.mark.parametrize("cell, batch, hidden, units, row_blocks, threads", [
+    (halstm.LayerNormGRU, 16, 512, 16, 1, 256), (halstm.LayerNormLSTM, 64, 512, 16, 2, 512),
+    (halstm.LayerNormGRU, 3, 333, 37, 1, 256),  # FFMA: 9 groups of 37 units
+    (halstm.LayerNormGRU, 64, 1024, 16, 2, 512),  # no setting of at most 32 groups runs: the largest grid
+    (halstm.LSTM, 16, 512, 4, 1, 256), (halstm.LSTM, 64, 512, 8, 2, 256)])  # no sums: the largest grid
+def test_defaults_give_a_step_with_sums_few_unit_groups(cell, batch, hidden, units, row_blocks, threads):
+    """Every block reads each unit group's partial sums of its rows a round: at most
+    REDUCING_GRID_GROUPS groups where a setting runs, and REDUCING_THREADS_A_ROW threads a row of the
+    block's batch to share its rows' sums."""
     recipe, program = CudaPersistent(), _program(cell, batch=batch, hidden=hidden, dtype="float16")
     k = recipe.defaults(program, H100)
-    assert (k["units"], k["row_blocks"]) == (units, row_blocks) and recipe.runs(program, H100, k)
+    assert (k["units"], k["row_blocks"], k["threads"]) == (units, row_blocks, threads)
+    assert recipe.runs(program, H100, k)
 
 
 @pytest.mark.parametrize("row_tiles, frags, most, chosen", [
