@@ -5,7 +5,8 @@ sequence length is drawn from [--min-steps, --max-steps] and whose batch size cy
 ``--batch-sizes``, run twice, each time in a fresh process sharing one compiled-module cache
 (``$HALSTM_CACHE_DIR``, a new temporary folder unless set): the first process compiles, the second
 should load everything. Prints a line a step (T, B, ms, functions compiled and loaded so far) and a
-summary per process.
+summary per process. The modules torch imports on its first backward given a gradient (sympy), as any
+torch training loop's, are imported and timed before the first step.
 
     python benchmarks/dynamic.py [--device cpu|cuda] [--cell LSTM] [--dtype float32] [--layers 2] [--bidirectional]
                                  [--batches 20] [--batch-sizes 8,16] [--input 64] [--hidden 128]
@@ -14,6 +15,7 @@ summary per process.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -43,6 +45,11 @@ def loop(args) -> dict:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     lengths = torch.randint(args.min_steps, args.max_steps + 1, (args.batches,)).tolist()
     imported = time.perf_counter() - started
+    # torch's first backward given a gradient imports its symbolic shapes (and sympy), as any torch
+    # training loop's does: timed apart from the first step
+    start = time.perf_counter()
+    importlib.import_module("torch.fx.experimental.symbolic_shapes")
+    torch_imports = time.perf_counter() - start
     steps = []
     for i, T in enumerate(lengths):
         B = sizes[i % len(sizes)]
@@ -58,7 +65,7 @@ def loop(args) -> dict:
         print(f"  step {i:2d}: T={T:3d} B={B:3d} {ms:9.1f} ms   forward functions {compiled['forward']}, "
               f"backward {compiled['backward']}; cache: {cache.stats['misses']} built, "
               f"{cache.stats['hits']} loaded", flush=True)
-    return {"import_s": imported, "first_ms": steps[0]["ms"], "total_s": sum(s["ms"] for s in steps) / 1e3,
+    return {"import_s": imported, "torch_imports_s": torch_imports, "first_ms": steps[0]["ms"], "total_s": sum(s["ms"] for s in steps) / 1e3,
             "built": cache.stats["misses"], "loaded": cache.stats["hits"],
             "forward_functions": steps[-1]["forward"], "backward_functions": steps[-1]["backward"],
             "lengths": sorted(set(lengths)), "batch_sizes": sizes}
@@ -103,11 +110,12 @@ def main():
         if summary is None:
             return 1
         summaries.append(json.loads(summary[8:]))
-    print("\n| process | functions compiled | loaded from the cache | first step s | whole loop s | "
-          "distinct T | forward / backward functions |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| process | functions compiled | loaded from the cache | torch's backward imports s | first step s | "
+          "whole loop s | distinct T | forward / backward functions |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, s in zip(("first", "second"), summaries):
-        print(f"| {name} | {s['built']} | {s['loaded']} | {s['first_ms'] / 1e3:.2f} | {s['total_s']:.1f} | "
+        print(f"| {name} | {s['built']} | {s['loaded']} | {s['torch_imports_s']:.2f} | {s['first_ms'] / 1e3:.2f} | "
+              f"{s['total_s']:.1f} | "
               f"{len(s['lengths'])} | {s['forward_functions']} / {s['backward_functions']} |")
 
 
