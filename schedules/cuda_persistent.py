@@ -88,7 +88,7 @@ from .cuda_gemm import hoisted_tensor_core_tile, on_wgmma, schedule_gemm, split_
 from .cuda_tensorcore import BYTES, tensor_cores_available
 from .block_gemm import VECTOR
 from .persistent_kernel import PersistentKernel
-from .step_program import per_program
+from .step_program import Reduction, per_program, step_blocks
 from .recipe import Recipe, child_blocks, inline_elementwise
 from .wgmma import wgmma_available
 from .wmma import FRAG
@@ -322,12 +322,16 @@ class CudaPersistent(Recipe):
 
     def space(self, program, target) -> list[dict]:
         """As Recipe.space, but the knobs that change nothing are not enumerated (they stay at their
-        first value): the register tile on tensor cores, warp_frags and resident_weights on FFMA;
-        poll_waiters is added to the settings whose kernel polls (where alone it is valid)."""
-        out = []
+        first value): the register tile on tensor cores, warp_frags and resident_weights on FFMA,
+        merge_variances where the step has no sums of its own, and poll_sums (polling was as fast as
+        the grid sync or faster at every measured shape: the class's docstring; searched, it would
+        double the settings of a step with sums); poll_waiters is added to the settings whose kernel
+        polls (where alone it is valid)."""
+        out, analysed = [], step_blocks(program) or []
+        sums = ("poll_sums",) if any(isinstance(b, Reduction) for b in analysed) else ("merge_variances", "poll_sums")
         for on in self.knobs["tensor_cores"]:
             moot = ("tensor_cores", "tile_rows", "tile_cols") if on else ("tensor_cores", "warp_frags", "resident_weights")
-            names = [n for n in self.knobs if n not in moot + ("poll_waiters",)]
+            names = [n for n in self.knobs if n not in moot + sums + ("poll_waiters",)]
             for k in self.settings(names, {"tensor_cores": on}):
                 if self.valid(program, target, k):
                     out.append(k)

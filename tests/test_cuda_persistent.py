@@ -324,6 +324,15 @@ def test_grid_never_exceeds_the_sms(batch, hidden, sms):
     assert grid <= sms and grid == hidden // recipe.defaults(program, target)["units"]
 
 
+@pytest.mark.parametrize("cell, merged", [(halstm.GRU, {True}), (halstm.LayerNormGRU, {True, False})],
+                         ids=lambda v: getattr(v, "__name__", ""))
+def test_space_searches_the_sums_knobs_only_where_the_step_has_sums(cell, merged):
+    """merge_variances only where the step has sums of its own; poll_sums nowhere (it stays on)."""
+    program = _program(cell, batch=1, hidden=4, inputs=4, steps=3)
+    space = CudaPersistent().space(program, H100)
+    assert {k["merge_variances"] for k in space} == merged and {k["poll_sums"] for k in space} == {True}
+
+
 def test_valid_prunes_what_cannot_run():
     recipe, program = CudaPersistent(), _program(batch=3, hidden=512)
     ok = recipe.defaults(program, H100)
