@@ -31,8 +31,9 @@ initial states into the sequences. Then per step and stage:
     fused elementwise     the expression of the cell's own block, taken from the step program, its
                           GEMM columns read from shared memory, the S partials of each added there
     reductions            a cell's own sums over a row (a layer norm's), in rounds: the block's partial
-                          sums of its units into global memory, a grid sync, the unit groups' parts
-                          added in shared memory, where the math reads them (``PersistentKernel.reduce``)
+                          sums of its units (warp lanes, added by shuffles) into global memory, a grid
+                          sync or polls of the parts, the unit groups' parts added by the lanes into
+                          shared memory, where the math reads them (``PersistentKernel.reduce``)
     grid sync             before the next stage's GEMM and at the end of the step; or, at the end of
                           the step (knob "poll_states"), none: the next step's staging waits for
                           the state values themselves (``PersistentKernel.polled``)

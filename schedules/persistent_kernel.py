@@ -150,7 +150,6 @@ class PersistentKernel(StepGemms, GridReductions):
         out += [(f"x_s{i}", self.rows * C, "float32", "shared.dyn") for i, _, C in self.hoisted]
         if self.reductions:
             out.append(("sums_s", len(self.reductions) * self.rows, "float32", "shared.dyn"))
-            out.append(("terms_s", self.scratch_size(), "float32", "shared.dyn"))
         if self.reductions and self.poll_sums:
             out.append(("parts_s", max(len(level) for level in self.rounds()) * self.rows * self.groups,
                         "float32", "shared.dyn"))
@@ -162,6 +161,8 @@ class PersistentKernel(StepGemms, GridReductions):
             out += [("acc", max(g.tm * g.tn for g in ffma), "float32", "local"),
                     ("a_r", max(g.tm for g in ffma) * VECTOR, "float32", "local"),
                     ("w_r", max(g.tn for g in ffma) * VECTOR, "float32", "local")]
+        if self.reductions:  # a lane's sums of a reduction and of a variance around it (``over_lanes``)
+            out.append(("lane_r", 2, "float32", "local"))
         out += [(f"wf{g.index}", g.chunks * g.frags * FRAG * FRAG, self.p.dtype, "wmma.matrix_b")
                 for g in gemms if g.resident]
         return out

@@ -1,6 +1,7 @@
 """The persistent kernel's reductions across the grid (``persistent_kernel.PersistentKernel``'s part):
-a cell's sums over the hidden units (a layer norm's mean and variance), in rounds of one grid sync,
-each block's partial sums exchanged through global memory."""
+a cell's sums over the hidden units (a layer norm's mean and variance), in rounds of one exchange
+across the grid (a grid sync, or polls of the parts), each block's partial sums exchanged through
+global memory, added within a block by warp shuffles."""
 
 from __future__ import annotations
 
@@ -46,24 +47,17 @@ class GridReductions:
         mean = self.variances.get(r.buffer)
         return {mean.buffer} if mean else set()
 
-    def phases(self, level: list[Reduction]) -> list[list[Reduction]]:
-        """A round's reductions in the order ``reduce`` sums them: the means and other sums, then the
-        variances (each of a mean of the round), those that there are."""
-        return [phase for phase in ([r for r in level if r.buffer not in self.variances],
-                                    [r for r in level if r.buffer in self.variances]) if phase]
+    def items(self, level: list[Reduction]) -> list[Reduction]:
+        """The round's reductions as a lane group sums them (``over_lanes``): each variance with its
+        mean, and each other sum of the round alone."""
+        centred = {m.buffer for r in level if (m := self.variances.get(r.buffer)) is not None}
+        return [r for r in level if r.buffer not in centred]
 
-    def scratch_size(self) -> int:
-        """Floats of ``terms_s``: a thread's term of every (reduction, row) of a round (the group sums'
-        of all its phases at once, the totals' of one)."""
-        return max(max(sum(len(phase) * self.rows * self.lanes(len(phase), self.units) for phase in self.phases(level)),
-                       *(len(phase) * self.rows * self.lanes(len(phase)) for phase in self.phases(level)))
-                   for level in self.rounds())
-
-    def lanes(self, reductions: int, most: int | None = None) -> int:
-        """Threads that add the unit groups' partial sums of one row of one reduction (``total``), or
-        with ``most`` its units' terms (``group_sums``): the most, a power of two up to a warp (and
-        ``most``), that the block's threads hold for all of a phase at once."""
-        room = max(1, self.threads // (reductions * self.rows))
+    def lanes(self, items: int, most: int | None = None) -> int:
+        """Threads that add the unit groups' partial sums of one row of an item (``total``), or with
+        ``most`` its units' terms (``group_sums``): the most, a power of two up to a warp (and
+        ``most``), that the block's threads hold for all items at once."""
+        room = max(1, self.threads // (items * self.rows))
         return min(32, 1 << (min(room, self.groups if most is None else most).bit_length() - 1))
 
     def reduce(self, reductions: list[Reduction]) -> None:
@@ -71,79 +65,88 @@ class GridReductions:
         into the round's parts in global memory (``sum_parts``: a row's partial sum a unit group);
         then, after a grid sync or polling the parts (poll_sums: ``stage_parts``), adds the unit
         groups' parts of its rows into ``sums_s``, where the step's math reads them. Both sums in
-        two passes over the block's threads, through ``terms_s``: a thread a (row, lane) term (its
-        share of the units or of the groups' parts), then a thread a row adding them; each pass one store for all of its reductions
-        (``over_items``), so that it needs no block barrier within. The parts alternate between two
-        halves step by step (``parts_row``).
+        one pass over the block's threads (``over_lanes``): a warp's lanes a (row, item), each lane
+        its share of the units or of the groups' parts, added across the lanes by shuffles. The
+        parts alternate between two halves step by step (``parts_row``).
 
         A variance's parts are each group's squared deviations from the group's own mean (its mean's
         part over the group's n columns); with G groups, the row's mean's sum S and the groups' parts
         s_g and q_g, the variance's sum is (Chan, Golub and LeVeque 1979)
         sum_g q_g + sum_g (s_g - S / G)^2 / n."""
-        G = self.groups
-        group = self.bx if self.row_blocks == 1 else self.bx % G
+        group = self.bx if self.row_blocks == 1 else self.bx % self.groups
         for level in self.rounds(reductions):
-            phases = self.phases(level)
-            for n, phase in enumerate(phases):
-                if n:  # the variances' terms read their means' group sums
-                    sync_threads()
-                self.group_sums(phase, phases[0], group)
+            self.group_sums(level, group)
             if self.poll_sums:  # the block's stores of its parts before its polls: the emulator's phases
                 sync_threads()
                 self.stage_parts(level)
             sync_threads() if self.poll_sums else sync_grid()
-            for phase in phases:
-                self.total(phase, G, level)
+            self.total(level)
+            sync_threads()
 
-    def group_sums(self, phase: list[Reduction], first: list[Reduction], group) -> None:
-        """The block's part of each reduction of ``phase`` for each of its rows, into ``sum_parts``; a
-        variance's around the block's part of its mean, summed again from the terms of the round's
-        first phase (``first``), which the variances' terms leave in place."""
-        rows, U, scratch = self.rows, self.units, self.buf["terms_s"]
-        L, at = self.lanes(len(phase), U), 0 if phase is first else len(first) * rows * self.lanes(len(first), U)
+    def group_sums(self, level: list[Reduction], group) -> None:
+        """The block's part of each reduction of the round ``level`` for each of its rows, into
+        ``sum_parts``; a variance's around the block's part of its mean."""
+        U, L = self.units, self.lanes(len(self.items(level)), self.units)
 
-        def part(i, local, L=L, at=at):  # the block's part of reduction i of a phase (from ``at``), row local
-            return _sum(scratch[at + (i * rows + local) * L + lane] for lane in range(L))
+        def lane_term(r, local, lane, centre):  # units lane, lane + L, ...
+            centres = {} if centre is None else {self.variances[r.buffer].buffer: centre * self.groups}
+            return _lane_sum(lambda u: self.unit_term(r, local, u, centres), lane, L, U)
 
-        def lane_term(r, local, lane):  # units lane, lane + L, ...
-            return _lane_sum(lambda u: unit_term(r, local, u), lane, L, U)
+        self.over_lanes(self.items(level), L, lane_term,
+                        lambda k, local, value: self.store_part(k, local, group, value))
 
-        def unit_term(r, local, u):  # the unit's columns of every gate the reduction spans
-            row, unit = self.global_row(local), self.first_unit + u
-            mean = self.variances.get(r.buffer)
-            centres = {} if mean is None else {mean.buffer: part(
-                next(n for n, m in enumerate(first) if m is mean), local, self.lanes(len(first), U), 0) * self.groups}
-            return functools.reduce(operator.add, (
-                rewrite(self.on_chip(r, local, u, gate, centres), [(r.row, row), (r.unit, gate * self.H + unit)],
-                        self.buf)
-                for gate in range(r.width // self.H)))
+    def unit_term(self, r: Reduction, local, u, centres: dict):
+        """The unit's columns of every gate ``r`` spans, in local row ``local`` (``centres``: the
+        block's part of a variance's mean, in place of the mean's sum)."""
+        row, unit = self.global_row(local), self.first_unit + u
+        return functools.reduce(operator.add, (
+            rewrite(self.on_chip(r, local, u, gate, centres), [(r.row, row), (r.unit, gate * self.H + unit)], self.buf)
+            for gate in range(r.width // self.H)))
 
-        self.over_items(phase, L, lane_term, lambda work, *_, value: T.buffer_store(scratch, value, [at + work]))
-        sync_threads()
-        self.over_items(phase, 1, None, lambda work, i, local, _: self.store_part(
-            self.indices(phase, i), local, group, part(i, local)))
+    def total(self, level: list[Reduction]) -> None:
+        """Each reduction of the round ``level`` over the G groups' parts of each of the block's rows,
+        into ``sums_s``; a variance's with each group's deviation from the mean (``reduce``)."""
+        G, L = self.groups, self.lanes(len(self.items(level)))
 
-    def total(self, phase: list[Reduction], G: int, level: list[Reduction]) -> None:
-        """Each reduction of ``phase`` over the G groups' parts of each of the block's rows, into
-        ``sums_s``; a variance's with each group's deviation from the mean (``reduce``)."""
-        rows, scratch, L = self.rows, self.buf["terms_s"], self.lanes(len(phase))
-
-        def lane_term(r, local, lane):  # groups lane, lane + L, ...
-            mean = self.variances.get(r.buffer)
-            if mean is None:
+        def lane_term(r, local, lane, S):  # groups lane, lane + L, ...
+            if S is None:
                 term = lambda g: self.load_part(level, r, local, g)
             else:
-                S, n = self.sum_of(mean, local), r.width // self.H * self.units
+                mean, n = self.variances[r.buffer], r.width // self.H * self.units
                 deviation = lambda g: self.load_part(level, mean, local, g) - S / G
                 term = lambda g: self.load_part(level, r, local, g) + deviation(g) * deviation(g) / T.float32(n)
             return _lane_sum(term, lane, L, G)
 
-        self.over_items(phase, L, lane_term, lambda work, *_, value: T.buffer_store(scratch, value, [work]))
-        sync_threads()
-        self.over_items(phase, 1, None, lambda work, i, local, _: T.buffer_store(
-            self.buf["sums_s"], _sum(scratch[(i * rows + local) * L + lane] for lane in range(L)),
-            [self.indices(phase, i) * rows + local]))
-        sync_threads()
+        self.over_lanes(self.items(level), L, lane_term, lambda k, local, value: T.buffer_store(
+            self.buf["sums_s"], value, [k * self.rows + local]))
+
+    def over_lanes(self, items: list[Reduction], L: int, term, store) -> None:
+        """For every item and row of the block, the sum over L lanes (an aligned group of a warp's
+        lanes, ``halstm_lane_sum``) of ``term(reduction, local row, lane, centre)``; a variance's
+        first its mean's (centre None), then its own around that sum. The group's first lane
+        ``store(reduction index, local row, sum)``s them. Every lane of a warp takes part in its
+        sums (the thread's item clamped), so the stores alone are conditional."""
+        rows, count, lane_r = self.rows, len(items) * self.rows * L, self.buf["lane_r"]
+        means = [self.variances.get(r.buffer) for r in items]
+        varied = [n for n, m in enumerate(means) if m is not None]
+        with loop(T.serial, -(-count // self.threads), "p_r") as r:
+            work = r * self.threads + self.tx
+            item = T.min(work, count - 1)
+            i, local, lane = item // (rows * L), item % (rows * L) // L, item % L
+
+            def lane_sum(values, into):
+                T.buffer_store(lane_r, T.call_extern("float32", "halstm_lane_sum", _select(i, values), L), [into])
+
+            lane_sum([term(m or x, local, lane, None) for x, m in zip(items, means)], 0)
+            if varied:
+                lane_sum([term(x, local, lane, lane_r[0]) if m else T.float32(0) for x, m in zip(items, means)], 1)
+            with when(T.And(work < count, lane == 0)):
+                store(self.indices([m or x for x, m in zip(items, means)], i), local, lane_r[0])
+                if len(varied) == len(items):
+                    store(self.indices(items, i), local, lane_r[1])
+                elif varied:
+                    with when(functools.reduce(T.Or, [i == n for n in varied])):
+                        store(self.indices(items, i), local, lane_r[1])
 
     def index(self, r: Reduction) -> int:
         """``r``'s place among the step's reductions: its rows in ``sums_s`` and ``sum_parts``."""
@@ -204,22 +207,6 @@ class GridReductions:
             i = (n * self.grid + self.bx) * self.threads + self.tx
             with when(i < count):
                 T.buffer_store(parts, T.uint64(0), [i // self.groups, i % self.groups])
-
-    def over_items(self, reductions: list[Reduction], per_row: int, value, store) -> None:
-        """For j < ``per_row`` of every row and reduction, a thread each: ``store(work, i, local row,
-        j, value=...)``, work the item's place (i * rows + local) * per_row + j; with ``value``,
-        ``value(reduction, local, j)`` of the item's reduction i (chosen by ``T.if_then_else``). One
-        store for all reductions: TVM's block barriers go between stores to shared memory it cannot
-        tell apart."""
-        rows, count = self.rows * per_row, len(reductions) * self.rows * per_row
-        with loop(T.serial, -(-count // self.threads), "p_r") as r:
-            work = r * self.threads + self.tx
-            with when(work < count):
-                i, local, j = work // rows, work % rows // per_row, work % per_row
-                if value is None:
-                    store(work, i, local, j)
-                else:
-                    store(work, i, local, j, value=_select(i, [value(x, local, j) for x in reductions]))
 
 
 def _reads(r: RowMath) -> set[str]:

@@ -238,6 +238,15 @@ template <typename... P> __device__ __forceinline__ void halstm_poll_parts(unsig
   for (int i = 0; i < n; ++i) *(float*)p[2 * i] = __uint_as_float((unsigned int)w[i]);
 }
 
+__device__ __forceinline__ float halstm_lane_sum(float v, int lanes) {
+  // the sum of v over the aligned group of `lanes` lanes (a power of two up to 32) that holds this
+  // thread, in each lane of the group (a butterfly: every lane adds the same pairs); every lane of
+  // the warp calls it
+  unsigned int mask = __activemask();
+  for (int m = lanes >> 1; m > 0; m >>= 1) v += __shfl_xor_sync(mask, v, m);
+  return v;
+}
+
 template <int N> struct halstm_bits;
 template <> struct halstm_bits<2> { typedef unsigned short type; static constexpr type sentinel = 0xFFFFu, nan = 0x7FFFu; };
 template <> struct halstm_bits<4> { typedef unsigned int type; static constexpr type sentinel = 0xFFFFFFFFu, nan = 0x7FFFFFFFu; };

@@ -285,6 +285,8 @@ def python_expr(e) -> str:
             return identifier(args[0].name)
         if op == "tirx.tvm_access_ptr":
             return f'{python_expr(args[1])}.access_ptr("{_ACCESS[args[4].value]}", offset={python_expr(args[2])})'
+        if op == "tirx.call_extern" and args[0].value == "halstm_lane_sum":  # the warp's lanes in step: ``lockstep``
+            return f"(yield ({python_expr(args[1])}, {python_expr(args[2])}))"
         typed = [f'"{e.ty}"'] if op in ("tirx.call_extern", "tirx.reinterpret") else []
         return f"T.{op.split('.')[-1]}({', '.join(typed + [python_expr(a) for a in args])})"
     raise NotImplementedError(f"the emulator cannot run {kind}: {e}")
@@ -322,6 +324,34 @@ def python_lines(stmt) -> list[str]:
                   for b in block.alloc_buffers]
         return allocs + python_lines(block.body)
     raise NotImplementedError(f"the emulator cannot run {kind}")
+
+
+def lockstep(threads: list, memory: Memory) -> list:
+    """Run a block's threads (``(tx, generator)``, in thread order) on to their next ``yield``: a
+    __syncthreads (``yield`` alone), or a sum over an aligned group of L lanes (``halstm_lane_sum``:
+    ``yield (value, L)``, every thread of the block at once, each resumed with its group's sum).
+    Returns the threads that have not finished; all or none of them."""
+    sums = [None] * len(threads)
+    while True:
+        requests = []
+        for (who, thread), value in zip(threads, sums):
+            memory.who = who
+            try:
+                requests.append(thread.send(value))
+            except StopIteration:
+                requests.append(StopIteration)
+        if all(r is StopIteration for r in requests):
+            return []
+        assert StopIteration not in requests, "the threads of a block reach different __syncthreads"
+        if all(r is None for r in requests):
+            return threads
+        assert all(isinstance(r, tuple) for r in requests), "a lane sum where another thread syncs"
+        L = requests[0][1]
+        assert all(r[1] == L for r in requests), "lane sums over groups of different sizes"
+        groups = {}
+        for tx, (value, _) in enumerate(requests):
+            groups[tx // L] = groups.get(tx // L, 0.0) + value
+        sums = [groups[tx // L] for tx in range(len(threads))]
 
 
 def _is_call(e, op: str) -> bool:
@@ -362,10 +392,4 @@ def run_kernel(func, arrays: dict) -> None:
             threads.append(((bx, tx), scope["kernel"]()))
         while threads:  # a phase: every thread on to its next __syncthreads
             memory.phase += 1
-            running = []
-            for who, thread in threads:
-                memory.who = who
-                if next(thread, StopIteration) is not StopIteration:
-                    running.append((who, thread))
-            assert len(running) in (0, len(threads)), "the threads of a block reach different __syncthreads"
-            threads = running
+            threads = lockstep(threads, memory)

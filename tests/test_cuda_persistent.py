@@ -14,7 +14,7 @@ import tvm_ffi
 from tvm import te
 from tvm.s_tir.stmt import SBlock
 from conftest import TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, representative, upcast
-from cuda_emulator import Buffer, Fragment, Memory, Race, T, compile_text, python_expr, python_lines
+from cuda_emulator import Buffer, Fragment, Memory, Race, T, compile_text, lockstep, python_expr, python_lines
 from test_custom_cell import X_IN_STEP
 from halstm.schedules import CudaPersistent
 from halstm.schedules.cuda_persistent import POLLING_MAX_BATCH
@@ -568,7 +568,8 @@ def _phases(stmts, unsynced=()):
         if grid or _is_sync(stmt, "tirx.tvm_storage_sync"):
             if n in unsynced:
                 continue
-            out.append((compile_text("\n".join(current) or "pass", "<kernel>"), grid))
+            body = "\n".join("    " + line for line in current + ["if False:", "    yield"])
+            out.append((compile_text(f"def phase():\n{body}", "<kernel>"), grid))
             current = []
         else:
             current += python_lines(stmt)
@@ -629,10 +630,13 @@ def _emulate(cell, steps, batch, knobs, staged=True, seed=0, dtype="float32", ta
         views = {m.buffer.name: env[m.source.source.name].view(eval(python_expr(m.source.region[0].min), first))  # noqa: S307
                  for m in step.match_buffers}
         for bx in range(kernel.grid):
+            running = []
             for tx in range(kernel.threads):
-                memory.who = (bx, tx)
                 names = {bx_var.name: bx, tx_var.name: tx, time_loop.loop_var.name: t}
-                exec(code, {**env, **views, **blocks[bx], **threads[bx][tx], **names})  # noqa: S102
+                scope = {**env, **views, **blocks[bx], **threads[bx][tx], **names}
+                exec(code, scope)  # noqa: S102 (defines the phase as a generator: its lane sums in lockstep)
+                running.append(((bx, tx), scope["phase"]()))
+            assert not lockstep(running, memory)
 
     # registers live across phases: one set a thread
     threads = [[{n: Fragment((size,)) if "wmma" in scope else np.zeros(size) for n, (size, scope) in registers.items()}
@@ -741,6 +745,20 @@ def test_polled_sums_replace_the_rounds_grid_syncs(cell, rounds):
     calls = _step_calls(synced.func())
     assert calls.count("tirx.cuda.grid_sync") == rounds
     assert not [c for c in calls if c in ("halstm_poll_parts", "halstm_store_part")]
+
+
+@pytest.mark.parametrize("cell, rounds", [(halstm.LayerNormGRU, 1), (halstm.LayerNormLSTM, 2)],
+                         ids=lambda v: getattr(v, "__name__", str(v)))
+def test_a_rounds_sums_take_one_pass_of_lane_sums(cell, rounds):
+    """Each round's sums, the block's part and the groups' total, in one pass each: a variance's
+    lanes add its mean's sum and then its own (two lane sums a pass), with no shared scratch and no
+    block barrier before the part is stored."""
+    program = _program(cell, batch=16, hidden=64, dtype="float16")
+    kernel = PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {}))
+    assert _step_calls(kernel.func()).count("halstm_lane_sum") == 4 * rounds
+    gemms = ({f"{n}{g.index}" for g in kernel.gemms for n in ("w_s", "part")} | {a.name for a in kernel.operands.values()}
+             | {f"x_s{i}" for i, *_ in kernel.hoisted})
+    assert {name for name, *_, scope in kernel.buffers() if scope == "shared.dyn"} - gemms == {"sums_s", "parts_s"}
 
 
 @pytest.mark.parametrize("cell", [halstm.LayerNormLSTM, halstm.LayerNormGRU], ids=lambda c: c.__name__)
