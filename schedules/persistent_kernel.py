@@ -132,6 +132,20 @@ class PersistentKernel(StepGemms, GridReductions):
         return states
 
     @property
+    def staged_states(self) -> dict:
+        """The staged operands that hold a state as stored, by the state's view (h_t): where the
+        block stages its operands, a GEMM stages the state in its own dtype into a buffer no other
+        GEMM stages (``staged_operands``). The step's math reads the state at its own units there
+        (``on_chip``) instead of from global memory: GRU fp16 prepared calls, global / shared, H200:
+        (100,1,256) 0.164-0.165 / 0.154-0.158 ms, (100,16,512) 0.194-0.197 / 0.191-0.198."""
+        if not self.staged:
+            return {}
+        users = [a.name for a in self.operands.values()]
+        return {g.view: self.operands[g.index] for g in self.gemms
+                if g.view is not None and g.view[:-2] in self.p.cell.states and g.operand_dtype == self.p.dtype
+                and users.count(self.operands[g.index].name) == 1}
+
+    @property
     def polled_bytes(self) -> int:
         """Bytes of the operands a block stages a step (polled: every GEMM's)."""
         return sum(g.B * g.K * BYTES[g.operand_dtype] for g in self.gemms)
@@ -352,15 +366,20 @@ class PersistentKernel(StepGemms, GridReductions):
         row and a gate column of the own unit (``unit + gate * H``) moved into their shared buffers:
         the row's place in the block (``local``), local column gate * U + the unit's place (``unit``),
         the gates counted from ``first_gate`` (a reduction's, over several gates); its reads of the
-        step's reductions, their sums of the row in shared memory (or ``sums``' value by name). Other
+        step's reductions, their sums of the row in shared memory (or ``sums``' value by name); its
+        reads of a state at its own unit, from the operand that stages it (``staged_states``). Other
         input-projection reads stay global."""
         H, U = self.H, self.units
         gemms = {g.name: g for g in self.gemms}
         hoisted = {f"{name}_t": (i, C) for i, name, C in self.hoisted}
         reductions = {r.buffer: r for r in self.reductions}
+        states = self.staged_states
 
         def read(load):
             name, gate = load.source.name, b.gate_column(load, H)
+            if name in states and gate == 0 and first_gate == 0:
+                a = states[name]
+                return self.buf[a.name][local * a.stride + self.first_unit + unit]
             if gate is not None:
                 gate = (first_gate + gate // H) * U
             if name in gemms:

@@ -761,6 +761,25 @@ def test_a_rounds_sums_take_one_pass_of_lane_sums(cell, rounds):
     assert {name for name, *_, scope in kernel.buffers() if scope == "shared.dyn"} - gemms == {"sums_s", "parts_s"}
 
 
+def test_the_math_reads_a_staged_state_from_its_operand():
+    """GRU's z * h reads h at its own units from the operand the block staged for the GEMM; not
+    where the operand buffer also stages another GEMM's (ResetBeforeGRU's r * h on tensor cores), nor
+    where the operands are read from global memory."""
+    def kernel(cell):
+        program = _program(cell, batch=16, hidden=64, dtype="float16")
+        return PersistentKernel.plan(program, H100, CudaPersistent().resolve(program, H100, {}))
+
+    gru = kernel(halstm.GRU)
+    assert list(gru.staged_states) == ["h_t"]
+    reads = []  # the time loop's loads (the staging polls through pointers, the GEMM's fragments too)
+    tvm_ffi.structural_walk(_kernel_parts(gru.func())[3],
+                            (tvm.ir.TensorLoad, lambda load: reads.append(load.source.name)))
+    assert gru.staged_states["h_t"].name in reads and "h_t" not in reads
+    assert kernel(halstm.ResetBeforeGRU).staged_states == {}
+    gru.staged = False
+    assert gru.staged_states == {}
+
+
 @pytest.mark.parametrize("cell", [halstm.LayerNormLSTM, halstm.LayerNormGRU], ids=lambda c: c.__name__)
 def test_reductions_generate_cuda_for_a_single_row(cell):
     """One row a block and a phase of one reduction (c's mean): the sums' passes store to shared
