@@ -16,7 +16,7 @@ from halstm.models.conv_torch import RECIPES, DynamicConv1d, LightweightConv1d, 
 from halstm.models.op import compile_op  # noqa: E402
 from halstm.targets import CudaTarget  # noqa: E402
 
-from conftest import TOLERANCE, gpu_available, rel_err  # noqa: E402
+from conftest import TOLERANCE, gpu_available, rel_err, representative  # noqa: E402
 
 # (T, B, C, K, H, padding_l): causal and centred, K from 3 to 31, heads of 4 channels (less than a
 # SIMD vector) and of 16, rows that do not fill a register tile
@@ -60,10 +60,16 @@ def compiled_pass(layer, x, params, grad, device="cpu"):
     return out["y"].view(x.shape), grads
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-@pytest.mark.parametrize("softmax", [True, False], ids=["softmax", "plain"])
-@pytest.mark.parametrize("dynamic", [False, True], ids=["lightweight", "dynamic"])
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
+VARIANTS = [(d, k, s) for d in ("float64", "float32") for k in (False, True) for s in (True, False)]
+REFERENCE_CASES = [(*v, shape) for v in VARIANTS for shape in SHAPES]
+REFERENCE_IDS = [f"{d}-{'dynamic' if k else 'lightweight'}-{'softmax' if s else 'plain'}-{i}"
+                 for d, k, s in VARIANTS for i in IDS]
+# CI: each dtype x kind x softmax once, the shapes in turn (each kind and each dtype at every shape); the
+# other shapes repeat a variant's path at other sizes (slow)
+REFERENCE_IN_CI = [REFERENCE_IDS[3 * n + n % 3] for n in range(len(VARIANTS))]
+
+
+@pytest.mark.parametrize("dtype, dynamic, softmax, shape", representative(REFERENCE_CASES, REFERENCE_IDS, REFERENCE_IN_CI))
 def test_matches_reference(dtype, dynamic, softmax, shape, rng):
     layer = conv.ConvLayer(*shape, weight_softmax=softmax, dynamic=dynamic, dtype=dtype)
     x, params, grad = random_layer(layer, rng, getattr(torch, dtype))

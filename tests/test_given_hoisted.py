@@ -4,11 +4,13 @@ float64 derivation, for fixed and any T, cells with a layer norm and with x read
 arguments checked; its CUDA code compiled by nvcc; on a GPU, against float64.
 """
 
+import functools
 import shutil
 
 import numpy as np
 import pytest
-from conftest import NUMPY_DTYPE, TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
+from conftest import (NUMPY_DTYPE, TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err,
+                      representative, upcast)
 from test_backward import sequence_grads
 from test_backward_x import SharedInput
 
@@ -41,12 +43,36 @@ def _assert_close(got, want, tolerance):
             assert rel_err(np.asarray(part, np.float64), expected) < tolerance, "x"
 
 
-@pytest.mark.parametrize("steps", [5, None], ids=["T5", "any-T"])
-@pytest.mark.parametrize("cell_type", CELLS, ids=lambda c: c.__name__)
+def _cell(cell_type):
+    return cell_type(6, 6) if cell_type is SharedInput else cell_type(5, 8)
+
+
+@functools.cache
+def _forward(cell_type, steps):
+    """The plain CPU forward of ``_cell(cell_type)`` at B=3, once a process: tests that only call it share it."""
+    return halstm.compile(_cell(cell_type), steps, 3, "float32")
+
+
+@functools.cache
+def _given_hoisted(cell_type, steps):
+    """Its backward taking the forward's hoisted GEMM results, once a process."""
+    return compile_backward(_cell(cell_type), steps, 3, "float32", given_hoisted=True)
+
+
+def _cases(cells):
+    return [(c, s) for c in cells for s in (5, None)], [f"{c.__name__}-{'T5' if s else 'any-T'}" for c in cells
+                                                        for s in (5, None)]
+
+
+# CI: each cell at one of fixed and any T, each T twice, the other T of LSTM, LayerNormLSTM and SharedInput
+# in test_kept_step_results_match_float64 (the rest slow: a forward and a backward compiled a case)
+MATCHES_IN_CI = ["LSTM-any-T", "GRU-T5", "LayerNormLSTM-T5", "SharedInput-any-T"]
+
+
+@pytest.mark.parametrize("cell_type, steps", representative(*_cases(CELLS), MATCHES_IN_CI))
 def test_given_hoisted_matches_float64(cell_type, steps, rng):
-    cell = cell_type(6, 6) if cell_type is SharedInput else cell_type(5, 8)
-    forward = halstm.compile(cell, steps, 3, "float32")
-    backward = compile_backward(cell, steps, 3, "float32", given_hoisted=True)
+    cell = _cell(cell_type)
+    forward, backward = _forward(cell_type, steps), _given_hoisted(cell_type, steps)
     assert "given (the forward's)" in str(backward.program.plan)
     for T in (5,) if steps else (5, 2):
         x, params, states, grads, want = _problem(cell, T, 3, rng)
@@ -56,8 +82,7 @@ def test_given_hoisted_matches_float64(cell_type, steps, rng):
 
 def test_given_hoisted_arguments_are_checked(rng):
     cell = halstm.LSTM(5, 8)
-    forward = halstm.compile(cell, None, 3, "float32")
-    given = compile_backward(cell, None, 3, "float32", given_hoisted=True)
+    forward, given = _forward(halstm.LSTM, None), _given_hoisted(halstm.LSTM, None)
     recomputing = compile_backward(cell, None, 3, "float32")
     x, params, states, grads, _ = _problem(cell, 4, 3, rng)
     seqs, kept = forward.sequences_keeping(x, params, states, ["x_proj0"])
@@ -84,15 +109,18 @@ def test_kept_results_are_the_calls_own(rng):
     np.testing.assert_allclose(before, x1.reshape(12, 5) @ params["weight_ih"].T, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("steps", [5, None], ids=["T5", "any-T"])
-@pytest.mark.parametrize("cell_type", [halstm.LSTM, halstm.ResetBeforeGRU, halstm.LayerNormLSTM, SharedInput],
-                         ids=lambda c: c.__name__)
+# CI: each cell at one of fixed and any T, each T twice (the rest slow: two forwards and a backward a case)
+KEPT_IN_CI = ["LSTM-T5", "ResetBeforeGRU-any-T", "LayerNormLSTM-any-T", "SharedInput-T5"]
+
+
+@pytest.mark.parametrize("cell_type, steps", representative(
+    *_cases([halstm.LSTM, halstm.ResetBeforeGRU, halstm.LayerNormLSTM, SharedInput]), KEPT_IN_CI))
 def test_kept_step_results_match_float64(cell_type, steps, rng):
     """A CPU forward that keeps its first stage's GEMM results (``keep_results``): the same sequences,
     each step's rows the GEMM of the state before it, and a backward reading them
     (``given_results``) against float64; with those rows changed, its gradients change."""
-    cell = cell_type(6, 6) if cell_type is SharedInput else cell_type(5, 8)
-    plain = halstm.compile(cell, steps, 3, "float32")
+    cell = _cell(cell_type)
+    plain = _forward(cell_type, steps)
     forward = halstm.compile(cell, steps, 3, "float32", keep_results=True)
     backward = compile_backward(cell, steps, 3, "float32", given_hoisted=True, given_results=True)
     names = _kept(forward) + kept_results(forward.plan)

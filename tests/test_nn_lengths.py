@@ -13,7 +13,7 @@ from halstm.nn import bucket, segments  # noqa: E402
 from conftest import representative  # noqa: E402
 from test_nn_inputs import PAIRS, as_tuple, flat, same, states  # noqa: E402
 
-I, H, T, B = 3, 4, 9, 20  # B > 8: calls over fewer rows than the batch
+I, H, T, B = 3, 4, 9, 12  # B > 8: calls over fewer rows than the batch (its buckets: 8 and 12 rows)
 
 
 def test_buckets_are_multiples_of_eight_up_to_the_batch_at_most_eight_sizes():

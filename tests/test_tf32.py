@@ -12,7 +12,8 @@ from halstm.targets import CudaTarget
 from halstm.targets.cuda import tf32_fragments
 from halstm.schedules.cuda_tensorcore import tensorize_works
 
-from conftest import TF32_TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
+from conftest import (TF32_TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, representative,
+                      upcast)
 from test_cuda_codegen import CELLS, H100, RECIPES
 
 tensor_cores = pytest.mark.skipif(not tensorize_works(), reason="TVM's tensorize segfaults with this apache-tvm-ffi")
@@ -42,10 +43,18 @@ def test_tf32_fragments_declares_and_rounds_only_tf32_operands():
     assert tf32_fragments(source.replace("16, 16, 8, half", "16, 16, 16, half")).count("tf32") == 0
 
 
+TF32_SHAPES = {"aligned": (3, 64, 64, 256), "ragged": (7, 17, 20, 40)}
+TF32_RECIPES = [("cuda-step-loop", 2), ("cuda-persistent", 1)]
+
+
+# CI: each recipe at one shape, each shape once (the step loop aligned, the persistent kernel's hoisted
+# GEMM zero-padded to the tile); the other two repeat those kernels' path at the other shape (slow)
 @tensor_cores
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-@pytest.mark.parametrize("recipe, gemms", [("cuda-step-loop", 2), ("cuda-persistent", 1)])
-@pytest.mark.parametrize("shape", [(3, 64, 64, 256), (7, 17, 20, 40)], ids=("aligned", "ragged"))
+@pytest.mark.parametrize("shape, recipe, gemms", representative(
+    [(s, *r) for s in TF32_SHAPES.values() for r in TF32_RECIPES],
+    [f"{name}-{r}-{g}" for name in TF32_SHAPES for r, g in TF32_RECIPES],
+    ["aligned-cuda-step-loop-2", "ragged-cuda-persistent-1"]))
 def test_fp32_gemms_run_as_tf32_only_when_allowed(recipe, gemms, shape, tmp_path):
     """With allow_tf32 the step loop's hoisted and step GEMMs (the persistent recipe's hoisted one;
     its step GEMM stays FFMA) are 16x16x8 TF32 mma kernels whose operand fragments are rounded to
