@@ -112,6 +112,13 @@ TENSOR_CORE_MIN_BATCH = 4
 # Most unit groups the defaults give a step with reductions of its own (a layer norm): every block
 # reads each group's partial sums of its rows a round, dearer with more blocks.
 REDUCING_GRID_GROUPS = 32
+# Row fragments (16 rows) a block the defaults split the batch into for such a step, on tensor cores
+# (else ``_row_blocks``' two): each block then sums and reads the parts of fewer rows a round. H200,
+# fp16 T=100 I=H=512, prepared ms, 2 row blocks of 32 rows / 4 of 16 (16 units a block, 512 / 256
+# threads), one process each, two processes: B=64 LayerNormGRU 0.645-0.660 / 0.528, LayerNormLSTM
+# 0.912-0.921 / 0.751-0.761; B=32 LayerNormLSTM, 1 / 2 row blocks, 512 threads both, 0.856 / 0.718.
+# Only where the operand stays staged.
+REDUCING_ROW_FRAGMENTS = 1
 # Fewest threads a block the defaults give such a step for each row of its batch, up to the most the
 # knob offers: the block's threads share its rows' sums (``GridReductions.lanes``). H200, fp16 T=100
 # I=H=512, prepared ms, 256 / 512 threads, two runs in one process: at B=64 (two row blocks of 32 rows)
@@ -205,7 +212,8 @@ class CudaPersistent(Recipe):
         where the dtype and arch allow them from TENSOR_CORE_MIN_BATCH rows; the hoisted
         GEMM's fragments as the step loop's. On tensor cores the batch over row blocks too
         (``_row_blocks``). Where the step has reductions of its own, a grid of at most
-        REDUCING_GRID_GROUPS unit groups, where it polls several states at most POLLING_GRID_GROUPS
+        REDUCING_GRID_GROUPS unit groups, its blocks REDUCING_ROW_FRAGMENTS of rows each where the
+        batch splits, where it polls several states at most POLLING_GRID_GROUPS
         (``_row_blocks``, which keeps the knobs where no such grid runs) and, on tensor cores,
         REDUCING_THREADS_A_ROW threads a row of a block's batch where they run, and a grid sync a step instead
         of the polls above POLLING_MAX_BATCH rows. Waiters before a polled staging above
@@ -223,7 +231,9 @@ class CudaPersistent(Recipe):
             k = _row_blocks(self, program, target, k)
         kernel = PersistentKernel.plan(program, target, k)
         if kernel and kernel.reductions:
-            k = _row_blocks(self, program, target, k, REDUCING_GRID_GROUPS)
+            split = _row_blocks(self, program, target, k, REDUCING_GRID_GROUPS, REDUCING_ROW_FRAGMENTS)
+            planned = PersistentKernel.plan(program, target, split)
+            k = split if planned and planned.staged else _row_blocks(self, program, target, k, REDUCING_GRID_GROUPS)
             rows = B // k["row_blocks"] if k["tensor_cores"] else 0  # the FFMA tile's threads: not measured
             more = [{**k, "threads": n} for n in sorted(self.knobs["threads"])
                     if k["threads"] < n <= max(REDUCING_THREADS_A_ROW * rows, k["threads"])]
@@ -391,11 +401,12 @@ def _hoisted(program, target, knobs: dict) -> tuple[bool, bool, bool]:
     return per_program("hoisted GEMM", program, (target, knobs["wgmma"], knobs["tc_hoisted_frags"]), compute)
 
 
-def _row_blocks(recipe, program, target, knobs, most_groups: int | None = None) -> dict:
+def _row_blocks(recipe, program, target, knobs, most_groups: int | None = None, fragments: int = 2) -> dict:
     """Units and row blocks: the largest grid (of at most ``most_groups`` unit groups), and in it
     the fewest unit groups (each block reads its B / row_blocks rows of the operand every step: fewer
-    groups read less); on tensor cores a split batch gives each block a multiple of 32 rows (two
-    fragments), on FFMA cores the register tile follows the units. ``knobs`` where no setting runs.
+    groups read less); on tensor cores a split batch gives each block a multiple of ``fragments``
+    fragments of rows (16 each), on FFMA cores the register tile follows the units. ``knobs`` where
+    no setting runs.
     H100, fp16, T=100, ms, these defaults / the fewest units in one row block: (B, H) = (64, 1024),
     16 units x 2 row blocks, LSTM 0.929 / 1.012, GRU 0.862 / 0.972 (1 fragment a warp both),
     ResetBeforeGRU 1.033 / 1.390; (64, 512), 8 x 2, LSTM 2.189 / 2.506; (256, 1024), streamed, 16 x 2,
@@ -403,7 +414,7 @@ def _row_blocks(recipe, program, target, knobs, most_groups: int | None = None) 
     H, B, split = program.cell.hidden_size, program.batch, knobs["tensor_cores"]
     settings = [{**knobs, "units": u, "row_blocks": p, **({} if split else _register_tile(program, u))}
                 for u in range(knobs["units"], H + 1) if H % u == 0 and H // u <= (most_groups or H)
-                for p in recipe.knobs["row_blocks"] if p == 1 or split and B % (2 * p * FRAG) == 0]
+                for p in recipe.knobs["row_blocks"] if p == 1 or split and B % (fragments * p * FRAG) == 0]
     return max((k for k in settings if recipe.runs(program, target, k)),
                key=lambda k: (H // k["units"] * k["row_blocks"], k["units"]), default=knobs)
 

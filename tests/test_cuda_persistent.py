@@ -265,14 +265,17 @@ def test_defaults_split_the_batch_over_row_blocks(batch, hidden, units, row_bloc
 
 
 @pytest.mark.parametrize("cell, batch, hidden, units, row_blocks, threads", [
-    (halstm.LayerNormGRU, 16, 512, 16, 1, 256), (halstm.LayerNormLSTM, 64, 512, 16, 2, 512),
+    (halstm.LayerNormGRU, 16, 512, 16, 1, 256), (halstm.LayerNormLSTM, 64, 512, 16, 4, 256),
+    (halstm.LayerNormLSTM, 32, 512, 16, 2, 256),  # blocks of 16 rows (REDUCING_ROW_FRAGMENTS)
     (halstm.LayerNormGRU, 3, 333, 37, 1, 256),  # FFMA: 9 groups of 37 units
-    (halstm.LayerNormGRU, 64, 1024, 16, 2, 512),  # no setting of at most 32 groups runs: the largest grid
+    # in blocks of 16 rows 32 groups would stream the operand, in blocks of 32 none runs: the largest grid
+    (halstm.LayerNormGRU, 64, 1024, 16, 2, 512),
     (halstm.LSTM, 16, 512, 4, 1, 256), (halstm.LSTM, 64, 512, 8, 2, 256)])  # no sums: the largest grid
 def test_defaults_give_a_step_with_sums_few_unit_groups(cell, batch, hidden, units, row_blocks, threads):
     """Every block reads each unit group's partial sums of its rows a round: at most
-    REDUCING_GRID_GROUPS groups where a setting runs, and REDUCING_THREADS_A_ROW threads a row of the
-    block's batch to share its rows' sums."""
+    REDUCING_GRID_GROUPS groups where a setting runs, the batch in blocks of REDUCING_ROW_FRAGMENTS
+    fragments of rows, and REDUCING_THREADS_A_ROW threads a row of the block's batch to share its
+    rows' sums."""
     recipe, program = CudaPersistent(), _program(cell, batch=batch, hidden=hidden, dtype="float16")
     k = recipe.defaults(program, H100)
     assert (k["units"], k["row_blocks"], k["threads"]) == (units, row_blocks, threads)
@@ -1018,8 +1021,8 @@ def test_layer_norm_matches_reference_on_gpu(cell, dtype, batch, hidden, knobs, 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("cell", [halstm.LayerNormLSTM, halstm.LayerNormGRU], ids=lambda c: c.__name__)
 def test_layer_norm_cells_match_reference_on_gpu(cell, dtype, batch, rng):
-    """The defaults at H=512: 32 unit groups exchanging the sums' parts (two row blocks at B=64 on
-    tensor cores)."""
+    """The defaults at H=512: 32 unit groups exchanging the sums' parts (four row blocks of 16 rows
+    at B=64 on tensor cores)."""
     _check_on_gpu(cell(64, 512), 12, batch, dtype, rng)
 
 
