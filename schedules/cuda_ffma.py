@@ -80,7 +80,7 @@ def gemm_tiled(sch: Schedule, block, tile: GemmTile, views=()) -> None:
     cols, depth = (sch.get(loop).extent for loop in (n, k))
     cols = int(cols)
     # a symbolic K (the backward's weight gradients over T*B rows for any T, padded to a multiple of
-    # ROW_QUANTUM: ``backward._k_rows``) is split by the K tile exactly
+    # ROW_QUANTUM: ``backward.weights._k_rows``) is split by the K tile exactly
     depth = int(depth) if isinstance(depth, IntImm) else depth
     bk = min(tile.bk, depth) if isinstance(depth, int) else tile.bk
 
