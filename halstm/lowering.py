@@ -106,7 +106,7 @@ def _math_view(t: te.Tensor) -> te.Tensor:
     return te.compute(t.shape, lambda *i: t(*i).astype(ACCUMULATE), name=f"{t.op.name}_f32")
 
 
-def _storage(t: te.Tensor, dtype: str, name: str) -> te.Tensor:
+def stored_as(t: te.Tensor, dtype: str, name: str) -> te.Tensor:
     return te.compute(t.shape, lambda *i: t(*i).astype(dtype), name=name)
 
 
@@ -177,7 +177,7 @@ class PackedLayout:
         return within // self.units * self.width + group * self.units + within % self.units
 
 
-def _columns(t: te.Tensor, start: int, width: int, name: str, layout: PackedLayout = PackedLayout()) -> te.Tensor:
+def columns_of(t: te.Tensor, start: int, width: int, name: str, layout: PackedLayout = PackedLayout()) -> te.Tensor:
     """Columns start .. start + width of t (of the cell's math; stored as ``layout`` says)."""
     rows = int(t.shape[1])
     return te.compute((t.shape[0], width), lambda b, n: t[b, layout.column(n + start, rows)], name=name)
@@ -224,7 +224,7 @@ def tf32_split(a: te.Tensor, name: str) -> te.Tensor:
     return te.compute((a.shape[0], 3 * depth), at, name=name)
 
 
-def _packed(gemm: Gemm, params: Params, layout: PackedLayout, name: str) -> te.Tensor:
+def packed_weights(gemm: Gemm, params: Params, layout: PackedLayout, name: str) -> te.Tensor:
     """The weights of a GEMM's matmuls stacked in call order, in ``layout`` (``tf32x3``: [w_b; w_s;
     w_b] along K, as ``tf32_split`` pairs them)."""
 
@@ -237,7 +237,7 @@ def _packed(gemm: Gemm, params: Params, layout: PackedLayout, name: str) -> te.T
     return te.compute(layout.shape(gemm.depth, gemm.rows), lambda *i: value(*layout.unpack(*i)), name=name)
 
 
-def _gemm(operand: te.Tensor, packed: te.Tensor, layout: PackedLayout, rows: int, name: str,
+def packed_gemm(operand: te.Tensor, packed: te.Tensor, layout: PackedLayout, rows: int, name: str,
           slices: int = 1) -> te.Tensor:
     """operand @ packed; with ``slices``, K summed in that many slices (PackedLayout.split_k)."""
     depth = int(operand.shape[1]) // slices
@@ -273,17 +273,17 @@ class _Tracer:
         result = self.gemm_result(gemm, a, weight)
         if result is None:  # not computed in this trace
             return plain_matmul(a, weight)
-        return _columns(result, gemm.offset(m), m.rows, f"{gemm.name}_{m.weight}", self.layout)
+        return columns_of(result, gemm.offset(m), m.rows, f"{gemm.name}_{m.weight}", self.layout)
 
 
-def _body(func: tvm.tirx.PrimFunc) -> str:
+def script_body(func: tvm.tirx.PrimFunc) -> str:
     """The TVMScript of a function's body, without its signature."""
     lines = func.script().splitlines()
     start = next(i for i, line in enumerate(lines) if line.strip().startswith("T.func_attr")) + 1
     return textwrap.dedent("\n".join(lines[start:]))
 
 
-def _prim_func(inputs, outputs, expected: list[str]) -> tvm.tirx.PrimFunc:
+def prim_func_of(inputs, outputs, expected: list[str]) -> tvm.tirx.PrimFunc:
     func = te.create_prim_func(list(inputs) + list(outputs))
     names = [p.name for p in func.params]
     if names != expected:
@@ -317,7 +317,7 @@ class Hoisted:
 
 
 def trace_hoisted(plan: Plan, x, states, params, layout: PackedLayout) -> Hoisted:
-    packed = {g.name: _packed(g, params, layout.of(g), f"w_packed{i}") for i, g in enumerate(plan.gemms)}
+    packed = {g.name: packed_weights(g, params, layout.of(g), f"w_packed{i}") for i, g in enumerate(plan.gemms)}
     gemms, operands = {}, {}
 
     def gemm_result(gemm, a, _weight):
@@ -325,7 +325,7 @@ def trace_hoisted(plan: Plan, x, states, params, layout: PackedLayout) -> Hoiste
             return None
         if gemm.name not in gemms:
             operand = tf32_split(a, f"{gemm.name}_operand") if layout.of(gemm).tf32x3 else a
-            gemms[gemm.name] = _gemm(operand, packed[gemm.name], layout.of(gemm), gemm.rows, gemm.name)
+            gemms[gemm.name] = packed_gemm(operand, packed[gemm.name], layout.of(gemm), gemm.rows, gemm.name)
             operands[gemm.name] = a
         return gemms[gemm.name]
 
@@ -344,7 +344,7 @@ def zero_past(r, rows, value):
     return te.if_then_else(r < rows, v, te.const(0, str(v.ty)))
 
 
-def _padded(x: te.Tensor, rows, name: str = "x_padded") -> te.Tensor:
+def padded_rows(x: te.Tensor, rows, name: str = "x_padded") -> te.Tensor:
     """x with ``rows`` rows, zeros past its own (``x_padded``)."""
     return te.compute((rows, x.shape[1]), lambda r, k: zero_past(r, x.shape[0], lambda: x(r, k)), name=name)
 
@@ -358,15 +358,15 @@ def _prologue(plan: Plan, steps: int | None, batch: int, dtype: str, layout: Pac
     rows = hoisted_rows(steps, batch)[0]
     states = [te.placeholder((rows, cell.hidden_size), dtype, name=s) for s in cell.states]
     inits = [te.placeholder((batch, cell.hidden_size), dtype, name=f"{s}0") for s in cell.states]
-    hoisted = trace_hoisted(plan, x if steps is not None else _padded(x, rows), states, params, layout)
+    hoisted = trace_hoisted(plan, x if steps is not None else padded_rows(x, rows), states, params, layout)
     outputs = [hoisted.gemms[g.name] for g in plan.hoisted]
     if not hoisted_only:
         outputs += [hoisted.packed[g.name] for g in plan.gemms if g.stage > 0]
-        outputs += [_storage(p, dtype, f"{s}_init") for s, p in zip(cell.states, inits)]
+        outputs += [stored_as(p, dtype, f"{s}_init") for s, p in zip(cell.states, inits)]
     if not outputs:  # hoisted_only, and x enters the step without a matmul
         return None
     inputs = [x, *inits, *params.values()]
-    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+    return prim_func_of(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
 def _step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, keep_results: bool = False) -> tvm.tirx.PrimFunc:
@@ -374,9 +374,9 @@ def _step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, keep_results
     ``keep_results`` the first stage's GEMM results copied to views of their own too (``<gemm>_kept``;
     the GEMM writing such a view itself, the CPU recipe's register tile could not match it)."""
     step = trace_step(plan, batch, dtype, layout, split_k=True)
-    nexts = [_storage(t, dtype, f"{s}_next") for s, t in zip(plan.cell.states, step.traced.next_states)]
+    nexts = [stored_as(t, dtype, f"{s}_next") for s, t in zip(plan.cell.states, step.traced.next_states)]
     kept = [_copy(step.gemms[g.name], f"{g.name}_kept") for g in plan.step_gemms if g.stage == 1] if keep_results else []
-    return _prim_func(step.inputs, kept + nexts, [t.op.name for t in step.inputs + kept + nexts])
+    return prim_func_of(step.inputs, kept + nexts, [t.op.name for t in step.inputs + kept + nexts])
 
 
 def _copy(t: te.Tensor, name: str) -> te.Tensor:
@@ -449,12 +449,12 @@ def trace_step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, autodif
             if rows is None:
                 operand = _operand(source, gemm, layout.of(gemm))
             elif layout.of(gemm).tf32x3:
-                operand = _operand(_padded(source, rows, f"{gemm.name}_padded"), gemm, layout.of(gemm))
+                operand = _operand(padded_rows(source, rows, f"{gemm.name}_padded"), gemm, layout.of(gemm))
             else:  # one block, the operand itself (a padding block apart failed to inline into its copy)
-                operand = _padded(source, rows, f"{gemm.name}_operand")
+                operand = padded_rows(source, rows, f"{gemm.name}_operand")
             slices = layout.of(gemm).split_k if split_k else 1
             slices = slices if int(operand.shape[1]) % slices == 0 else 1
-            gemms[gemm.name] = _gemm(operand, packed[gemm.name], layout.of(gemm), gemm.rows, gemm.name, slices)
+            gemms[gemm.name] = packed_gemm(operand, packed[gemm.name], layout.of(gemm), gemm.rows, gemm.name, slices)
             operands[gemm.name] = a
             if rows is not None:  # the step's math reads its own rows
                 seen[gemm.name] = _first_rows(gemms[gemm.name], batch, f"{gemm.name}_rows")
@@ -504,7 +504,7 @@ def sequence_rows(steps: int | None, batch: int, ahead: int = 0):
     return f"({STEPS} + {ahead}) * {batch}" if ahead else f"{STEPS} * {batch}"
 
 
-def _view(name: str, buffer: str, row: str, rows: int, cols: int, dtype: str) -> str:
+def view_script(name: str, buffer: str, row: str, rows: int, cols: int, dtype: str) -> str:
     return (f'{name} = T.match_buffer({buffer}[{row}:{row} + {rows}, 0:{cols}], ({rows}, {cols}), '
             f'"{dtype}", offset_factor=1)')
 
@@ -522,7 +522,7 @@ class StepView(NamedTuple):
 
     def __str__(self) -> str:
         first = f"t * {self.rows}" + (f" + {self.ahead}" if self.ahead else "")
-        return _view(self.name, self.buffer, first, self.rows, self.cols, self.dtype)
+        return view_script(self.name, self.buffer, first, self.rows, self.cols, self.dtype)
 
 
 @dataclass
@@ -596,9 +596,9 @@ def skeleton(plan: Plan, steps: int | None, batch: int, dtype: str, layout: Pack
         for i, g in enumerate(plan.gemms)
         if g.stage > 0 and not hoisted_only
     ]
-    prologue = [] if hoisted_only else [_view(f"{s}_init", f"{s}_seq", "0", B, H, dtype) for s in cell.states]
+    prologue = [] if hoisted_only else [view_script(f"{s}_init", f"{s}_seq", "0", B, H, dtype) for s in cell.states]
     before_loop = _prologue(plan, T, B, dtype, layout, hoisted_only)
-    prologue.append(_body(before_loop) if before_loop is not None else "T.evaluate(0)")
+    prologue.append(script_body(before_loop) if before_loop is not None else "T.evaluate(0)")
     views = [StepView(f"{g.name}_t", g.name, B, g.rows, ACCUMULATE) for g in plan.hoisted]
     if plan.x_in_step:
         views.append(StepView("x_t", "x", B, cell.input_size, dtype))
@@ -673,7 +673,7 @@ def lower(
     loop = f"""    for t in range({steps or STEPS}):
         with T.sblock("step"):
 {indent(frame.step_views, 12)}
-{indent([_body(_step(plan, batch, dtype, layout, keep_results))], 12)}"""
+{indent([script_body(_step(plan, batch, dtype, layout, keep_results))], 12)}"""
     return Program(cell, plan, steps, batch, dtype, layout, frame.source(loop), frame.args, allow_tf32,
                    keep_results)
 

@@ -31,8 +31,8 @@ from tvm import te
 
 from .cell import upstream
 from .diagonal import split_affine
-from .lowering import (ACCUMULATE, Program, _body, _prim_func, _storage, _view, indent, sequence_rows, skeleton,
-                       steps_var, trace_step)
+from .lowering import (ACCUMULATE, Program, indent, prim_func_of, script_body, sequence_rows, skeleton,
+                       steps_var, stored_as, trace_step, view_script)
 from .runtime import STEPS
 
 # The chunks' products, partial scans and carries. MinGRU at T = 65536 with a from 1 - 6e-6 (a state
@@ -63,7 +63,7 @@ def scan_source(program: Program, chunk: int, lanes: int = 1, group: int | None 
     allocs, scan = [], []
     if fuses(program, chunk):  # the coefficients' blocks in the passes' scope, where they inline
         scan += [f'{b} = T.sblock_alloc_buffer(({rows}, {plan.cell.hidden_size}), "{ACCUMULATE}")' for b in buffers]
-        scan += [*_views(coefficients, program, rows), _body(coefficients)]
+        scan += [*_views(coefficients, program, rows), script_body(coefficients)]
     else:
         allocs += [f'{b} = T.alloc_buffer(({rows}, {plan.cell.hidden_size}), "{ACCUMULATE}")' for b in buffers]
         parts.append(_scope("coefficients", coefficients, program, rows))
@@ -89,7 +89,7 @@ def fuses(program: Program, chunk: int) -> bool:
 
 
 def _scope(name: str, func: tvm.tirx.PrimFunc, program: Program, rows) -> str:
-    return f'with T.sblock("{name}"):\n{indent([*_views(func, program, rows), _body(func)], 4)}'
+    return f'with T.sblock("{name}"):\n{indent([*_views(func, program, rows), script_body(func)], 4)}'
 
 
 def _views(func: tvm.tirx.PrimFunc, program: Program, rows) -> list[str]:
@@ -101,7 +101,7 @@ def _views(func: tvm.tirx.PrimFunc, program: Program, rows) -> list[str]:
     where |= {f"{s}_t": (f"{s}_seq", "0", cell.hidden_size, dtype) for s in cell.states}
     where |= {f"{s}_next": (f"{s}_seq", str(B), cell.hidden_size, dtype) for s in cell.states}
     names = [p.name for p in func.params]
-    return [_view(n, buffer, first, rows, cols, t) for n in names if n in where
+    return [view_script(n, buffer, first, rows, cols, t) for n in names if n in where
             for buffer, first, cols, t in [where[n]]]
 
 
@@ -116,13 +116,13 @@ def _function(step, outputs: list) -> tvm.tirx.PrimFunc:
     """A function of the outputs over the step's inputs that they read."""
     needed = set().union(*(upstream(t) for t in outputs))
     inputs = [t for t in step.inputs if t.op in needed]
-    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+    return prim_func_of(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
 def _states(program: Program, traced, names) -> tvm.tirx.PrimFunc:
     """The next values of the states ``names`` over all rows, from the states' values at each step."""
     step, nexts, _ = traced
-    return _function(step, [_storage(nexts[s], program.dtype, f"{s}_next") for s in names])
+    return _function(step, [stored_as(nexts[s], program.dtype, f"{s}_next") for s in names])
 
 
 def _coefficients(program: Program, traced) -> tvm.tirx.PrimFunc:
@@ -133,7 +133,7 @@ def _coefficients(program: Program, traced) -> tvm.tirx.PrimFunc:
         a, b = split_affine(nexts[s], views[s])
         if b is None:
             b = te.compute(a.shape, lambda *i: tvm.tirx.const(0.0, ACCUMULATE), name=f"{s}_zero")
-        outputs += [_storage(a, ACCUMULATE, f"{s}_coef_a"), _storage(b, ACCUMULATE, f"{s}_coef_b")]
+        outputs += [stored_as(a, ACCUMULATE, f"{s}_coef_a"), stored_as(b, ACCUMULATE, f"{s}_coef_b")]
     return _function(step, outputs)
 
 

@@ -138,7 +138,7 @@ def _analyse_step(program, sch: Schedule) -> list | None:
         if block.name_hint in gemms:
             blocks, deferred = blocks + deferred, []
             gemm = gemms[block.name_hint]
-            update = store.value  # lowering's _gemm: acc + operand * weight
+            update = store.value  # lowering's packed_gemm: acc + operand * weight
             if not (isinstance(update, tirx.Add) and isinstance(update.b, tirx.Mul)):
                 return None
             operand, weight = update.b.a, update.b.b

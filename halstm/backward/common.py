@@ -15,9 +15,9 @@ from ..lowering import (
     PackedLayout,
     Program,
     Skeleton,
-    _body,
     hoisted_rows,
     indent,
+    script_body,
     stacked,
     tf32_big,
 )
@@ -65,7 +65,7 @@ def one_step(frame: Skeleton, body: tvm.tirx.PrimFunc) -> str:
     """A function's "step" block run once, with the frame's views."""
     return f"""    with T.sblock("step"):
 {indent(frame.step_views, 8)}
-{indent([_body(body)], 8)}"""
+{indent([script_body(body)], 8)}"""
 
 
 def reversed_row(r, T, B: int):

@@ -14,13 +14,13 @@ from ..lowering import (
     PackedLayout,
     Program,
     Skeleton,
-    _body,
-    _padded,
-    _prim_func,
-    _view,
+    padded_rows,
+    prim_func_of,
+    script_body,
     stacked,
     trace_hoisted,
     trace_step,
+    view_script,
 )
 from ..runtime import Arg
 from ..scratch import dimension_of
@@ -57,14 +57,14 @@ def lower_prepare(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
         args += [Arg(f"{g.name}_steps", (padded, g.rows), ACCUMULATE, "hoisted") for _, g in first]
     else:
         allocs += [f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")' for i, g in first]
-    prologue = [_body(_prepare_prologue(plan, T, B, dtype, layout))]
-    views = [_view(f"{g.name}_t", g.name, "0", T * B, g.rows, ACCUMULATE) for g in forward.hoisted]
+    prologue = [script_body(_prepare_prologue(plan, T, B, dtype, layout))]
+    views = [view_script(f"{g.name}_t", g.name, "0", T * B, g.rows, ACCUMULATE) for g in forward.hoisted]
     if plan.given_results:
-        views += [_view(f"{g.name}_given", f"{g.name}_steps", "0", T * B, g.rows, ACCUMULATE) for _, g in first]
-    views += [_view("x_t", "x", "0", T * B, cell.input_size, dtype)] if forward.x_in_step else []
-    views += [_view(f"{s}_t", f"{s}_seq", "0", T * B, H, dtype) for s in cell.states]
-    views += [_view(f"{s}_after", f"{s}_seq", str(B), T * B, H, dtype) for s in cell.states] if adjoint.reads_next else []
-    views += [_view(f"g{s}_t", f"g{s}_seq", "0", T * B, H, dtype) for s in cell.states]
+        views += [view_script(f"{g.name}_given", f"{g.name}_steps", "0", T * B, g.rows, ACCUMULATE) for _, g in first]
+    views += [view_script("x_t", "x", "0", T * B, cell.input_size, dtype)] if forward.x_in_step else []
+    views += [view_script(f"{s}_t", f"{s}_seq", "0", T * B, H, dtype) for s in cell.states]
+    views += [view_script(f"{s}_after", f"{s}_seq", str(B), T * B, H, dtype) for s in cell.states] if adjoint.reads_next else []
+    views += [view_script(f"g{s}_t", f"g{s}_seq", "0", T * B, H, dtype) for s in cell.states]
     frame = Skeleton(args, allocs, prologue, views)
     return over_all_rows(plan.prepare_plan(), T, B, dtype, layout, frame, one_step(frame, _prepare_step(plan, T, B, dtype, layout)))
 
@@ -75,7 +75,7 @@ def _prepare_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedL
     weights."""
     cell, forward, adjoint = plan.cell, plan.forward, plan.adjoint
     x, states, params = placeholders(cell, T * B, dtype)
-    hoisted = trace_hoisted(forward, _padded(x, hoisted_rows_at(T, B)[0]) if any_steps(T) else x, states, params, layout)
+    hoisted = trace_hoisted(forward, padded_rows(x, hoisted_rows_at(T, B)[0]) if any_steps(T) else x, states, params, layout)
     outputs = [] if plan.given_hoisted else [hoisted.gemms[g.name] for g in forward.hoisted]
     if not plan.given_results:
         outputs += [hoisted.packed[g.name] for g in forward.gemms if g.stage == 1]
@@ -90,7 +90,7 @@ def _prepare_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedL
 
     outputs += [transposed(n, shape) for n, shape in adjoint.parameters().items() if n in first or n in later]
     inputs = [x, *params.values()]
-    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+    return prim_func_of(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
 def _prepare_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
@@ -131,4 +131,4 @@ def _prepare_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
 
     xa = te.compute(((T + 1) * B, adjoint.input_size), at, name="adjoint_x")
     inputs = [*step.inputs, *given.values(), *after, *grads]
-    return _prim_func(inputs, [xa], [t.op.name for t in inputs + [xa]])
+    return prim_func_of(inputs, [xa], [t.op.name for t in inputs + [xa]])

@@ -17,13 +17,13 @@ from ..lowering import (
     PackedLayout,
     Program,
     Skeleton,
-    _body,
-    _gemm,
-    _prim_func,
-    _storage,
-    _view,
+    packed_gemm,
+    prim_func_of,
+    script_body,
+    stored_as,
     trace_hoisted,
     trace_step,
+    view_script,
 )
 from ..plan import Gemm
 from ..runtime import Arg
@@ -67,15 +67,15 @@ def lower_rows(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
     allocs += [f'w_packed_t{i} = T.alloc_buffer({layout.shape(g.rows, g.depth)}, "{dtype}")'
                for i, g in recurrent if g in operands]
     before = _rows_prologue(plan, T, B, dtype, layout)
-    prologue = [_body(before) if before is not None else "T.evaluate(0)"]
+    prologue = [script_body(before) if before is not None else "T.evaluate(0)"]
     views = []
     if forward.x_in_step:
-        views += [_view("x_t", "x", "0", T * B, cell.input_size, dtype),
-                  _view("dx_t", "dx_seq", "0", T * B, cell.input_size, ACCUMULATE)]
-    views += [_view(f"{s}_t", f"{s}_seq", "0", T * B, H, dtype) for s in cell.states]
-    views += [_view(f"d{g.name}_t", f"d{g.name}_seq", "0", T * B, g.rows, between) for g in stored]
-    views += [_view(f"a_{g.name}_t", f"a_{g.name}_seq", "0", T * B, g.depth, between) for g in plan.stored_operands]
-    views += [_view(f"d{p}_t", f"d{p}_sum", "0", 1, numel(cell.parameters()[p]), ACCUMULATE) for p in kept]
+        views += [view_script("x_t", "x", "0", T * B, cell.input_size, dtype),
+                  view_script("dx_t", "dx_seq", "0", T * B, cell.input_size, ACCUMULATE)]
+    views += [view_script(f"{s}_t", f"{s}_seq", "0", T * B, H, dtype) for s in cell.states]
+    views += [view_script(f"d{g.name}_t", f"d{g.name}_seq", "0", T * B, g.rows, between) for g in stored]
+    views += [view_script(f"a_{g.name}_t", f"a_{g.name}_seq", "0", T * B, g.depth, between) for g in plan.stored_operands]
+    views += [view_script(f"d{p}_t", f"d{p}_sum", "0", 1, numel(cell.parameters()[p]), ACCUMULATE) for p in kept]
     frame = Skeleton(args, allocs, prologue, views)
     return over_all_rows(plan.rows_plan(), T, B, dtype, layout, frame, one_step(frame, step)), kept, shared
 
@@ -91,7 +91,7 @@ def _rows_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayo
     if not outputs:
         return None
     inputs = [x, *params.values()]
-    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+    return prim_func_of(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
 def _rows_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tuple[tvm.tirx.PrimFunc, list, list, dict]:
@@ -127,7 +127,7 @@ def _rows_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
 
     def operand_rule(g: Gemm):
         def rule(d_result):
-            return [(step.operands[g.name], _gemm(d_result, transposed[g.name], layout, g.depth, f"grad_a_{g.name}"))]
+            return [(step.operands[g.name], packed_gemm(d_result, transposed[g.name], layout, g.depth, f"grad_a_{g.name}"))]
         return rule
 
     rules = {step.gemms[g.name].op: operand_rule(g) for g in plan.rows_operands}
@@ -146,11 +146,11 @@ def _rows_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
               for g, d in zip(forward.gemms, d_results)}
     outputs = [stored_operand(plan, dtype, or_zeros(d, r), f"d{g.name}_t")
                for g, r, d in zip(forward.gemms, results, d_results) if shared[g.name] == g.name]
-    outputs += [_storage(step.operands[g.name], between_dtype(plan, dtype), f"a_{g.name}_t") for g in plan.stored_operands]
+    outputs += [stored_as(step.operands[g.name], between_dtype(plan, dtype), f"a_{g.name}_t") for g in plan.stored_operands]
     outputs += _parameter_rows(d_params, kept)
-    outputs += [_storage(or_zeros(d, x), ACCUMULATE, "dx_t") for x, d in zip(x_t, d_x_t)]
+    outputs += [stored_as(or_zeros(d, x), ACCUMULATE, "dx_t") for x, d in zip(x_t, d_x_t)]
     inputs = [*step.inputs, adjoint_x, *transposed.values(), *adjoint_seqs, *loop_seqs]
-    return (_prim_func(inputs, outputs, [t.op.name for t in inputs + outputs]), kept, [t.op.name for t in loop_seqs],
+    return (prim_func_of(inputs, outputs, [t.op.name for t in inputs + outputs]), kept, [t.op.name for t in loop_seqs],
             shared)
 
 

@@ -16,14 +16,14 @@ from ..lowering import (
     PackedLayout,
     Program,
     Skeleton,
-    _body,
-    _gemm,
-    _padded,
-    _prim_func,
-    _storage,
-    _view,
     indent,
+    packed_gemm,
+    padded_rows,
+    prim_func_of,
+    script_body,
+    stored_as,
     trace_hoisted,
+    view_script,
     zero_past,
 )
 from ..plan import Plan
@@ -74,13 +74,13 @@ def lower_weights(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
     if any_steps(T):  # the hoisted GEMMs' operand adjoints over padded rows, in the prologue (``_weights_prologue``)
         allocs += [f'grad_a_{g.name} = T.alloc_buffer(({hoisted_rows_at(T, B)[1]}, {g.depth}), "{ACCUMULATE}")'
                    for g in forward.hoisted]
-        views += [_view(f"grad_a_{g.name}_t", f"grad_a_{g.name}", "0", T * B, g.depth, ACCUMULATE)
+        views += [view_script(f"grad_a_{g.name}_t", f"grad_a_{g.name}", "0", T * B, g.depth, ACCUMULATE)
                   for g in forward.hoisted]
-    prologue = [_body(_weights_prologue(plan, T, B, dtype, layout, shared))]
+    prologue = [script_body(_weights_prologue(plan, T, B, dtype, layout, shared))]
     frame = Skeleton(args, allocs, prologue, views)
     step = _weights_step(plan, T, B, dtype, layout, kept, shared)
     loop = one_step(frame, step) if views else f"""    with T.sblock("step"):
-{indent([_body(step)], 8)}"""
+{indent([script_body(step)], 8)}"""
     return over_all_rows(plan.weights_plan(), T, B, dtype, layout, frame, loop)  # one step of T*B rows
 
 
@@ -123,10 +123,10 @@ def _weights_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedL
         # a register tile then divides them whatever B, where over n_steps * B rows B=1 left one-row
         # tiles (LSTM (100,1,256), CPU: the weights function 1.37 ms against 0.90 at fixed T)
         rows = hoisted_rows_at(T, B)[0]
-        outputs += [_gemm(_padded(d_results[g.name], rows, f"d{g.name}_padded"), transposed[g.name], layout, g.depth,
+        outputs += [packed_gemm(padded_rows(d_results[g.name], rows, f"d{g.name}_padded"), transposed[g.name], layout, g.depth,
                           f"grad_a_{g.name}") for g in forward.hoisted]
     inputs = [x, *params.values(), *stored_operands.values(), *seqs.values(), *stored]
-    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+    return prim_func_of(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
 def _rows_of(seq: te.Tensor, rows, dtype: str, name: str) -> te.Tensor:
@@ -161,7 +161,7 @@ def _weights_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
     if any_steps(T):  # computed by the prologue
         d_operands = [te.placeholder((rows, g.depth), ACCUMULATE, name=f"grad_a_{g.name}_t") for g in forward.hoisted]
     else:
-        d_operands = [_gemm(d_results[g.name], transposed[g.name], layout, g.depth, f"grad_a_{g.name}")
+        d_operands = [packed_gemm(d_results[g.name], transposed[g.name], layout, g.depth, f"grad_a_{g.name}")
                       for g in forward.hoisted]
     dx, *found = adjoints([hoisted.operands[g.name] for g in forward.hoisted], d_operands, [x, *params.values()])
     by_row = {g.name: te.placeholder((g.rows, k_rows), between, name=f"d{g.name}_transposed")
@@ -174,7 +174,7 @@ def _weights_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
     if d_x_steps:  # the steps' own reads of x, besides the hoisted GEMMs'
         outputs = [_total(([] if dx is None else [dx]) + d_x_steps, x.shape, dtype, "dx")]
     else:
-        outputs = [_storage(or_zeros(dx, x), dtype, "dx")]
+        outputs = [stored_as(or_zeros(dx, x), dtype, "dx")]
     for (name, p), d in zip(params.items(), found):
         terms = [] if d is None else [d]
         terms += [_from_row(d_weights[g.name], g.offset(m)) for g in forward.gemms for m in g.members if m.weight == name]
@@ -183,7 +183,7 @@ def _weights_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
         outputs.append(_total(terms, p.shape, dtype, f"d{name}"))
     inputs = [x, *params.values(), *_distinct(d_results), *packed.values(), *transposed.values(), *d_steps.values(),
               *d_x_steps, *_distinct(by_row), *(d_operands if any_steps(T) else [])]
-    return _prim_func(inputs, outputs, [t.op.name for t in inputs + outputs])
+    return prim_func_of(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
 def _adjoints_stored(forward: Plan, rows, dtype: str, shared: dict) -> dict:
@@ -199,10 +199,10 @@ def _distinct(tensors: dict) -> list:
 
 
 def _weight_gemm(operand: te.Tensor, packed: te.Tensor, layout: PackedLayout, rows: int, name: str) -> te.Tensor:
-    """A weight gradient's GEMM (``lowering._gemm``), its K the T*B rows: symbolic where T is any."""
+    """A weight gradient's GEMM (``lowering.packed_gemm``), its K the T*B rows: symbolic where T is any."""
     depth = operand.shape[1]
     if isinstance(depth, tvm.tirx.IntImm):
-        return _gemm(operand, packed, layout, rows, name)
+        return packed_gemm(operand, packed, layout, rows, name)
     k = te.reduce_axis((0, depth), name="k")
     return te.compute(
         (operand.shape[0], rows),

@@ -27,8 +27,8 @@ from halstm import targets
 from halstm.schedules.decode import recipe_for
 
 from ..cell import Params, upstream
-from ..lowering import (ACCUMULATE, PackedLayout, Skeleton, _body, _columns, _gemm, _packed, _prim_func,
-                        _storage, _view, indent)
+from ..lowering import (ACCUMULATE, PackedLayout, Skeleton, columns_of, indent, packed_gemm, packed_weights,
+                        prim_func_of, script_body, stored_as, view_script)
 from ..ops import CONCAT_TAG, argmax, concat, tracing
 from ..plan import Gemm, Matmul, Plan
 from ..runtime import Arg, Pack, check_array, check_names, as_frame, new_array
@@ -119,7 +119,7 @@ class _Splitter:
                 blocks[-1] = (blocks[-1][0], blocks[-1][1] + int(p.shape[1]))
             else:
                 blocks.append((start, int(p.shape[1])))
-        columns = [_columns(weight, s, w, f"{weight.op.name}_{s}") for s, w in blocks]
+        columns = [columns_of(weight, s, w, f"{weight.op.name}_{s}") for s, w in blocks]
         selected = columns[0] if len(columns) == 1 else concat(*columns)
         rows, depth = int(weight.shape[0]), int(operand.shape[1])
         matmul = Matmul(len(self.plan.matmuls), operand, weight.op.name, rows, depth, None)
@@ -131,10 +131,10 @@ class _Splitter:
             self.plan.stages += [[] for _ in range(stage - len(self.plan.stages))]
             self.plan.stages[stage - 1].append(gemm)
         self.plan.columns[name] = blocks
-        packed = _packed(gemm, Params({weight.op.name: selected}), self.layout, f"w_packed_{name}")
+        packed = packed_weights(gemm, Params({weight.op.name: selected}), self.layout, f"w_packed_{name}")
         read = te.placeholder(packed.shape, weight.dtype, name=packed.op.name)
         self.packed[name] = (packed, read)
-        return _gemm(operand, read, self.layout, rows, name)
+        return packed_gemm(operand, read, self.layout, rows, name)
 
 
 def lower(decoder, steps: int, batch: int, layout: PackedLayout = PackedLayout()) -> DecodeProgram:
@@ -149,9 +149,9 @@ def lower(decoder, steps: int, batch: int, layout: PackedLayout = PackedLayout()
     with tracing(splitter):
         h_next, logits = decoder.step(params, token, h, context)
     plan = splitter.plan
-    h_next = _storage(h_next, FLOAT, "h_next")
-    logits = _storage(logits, FLOAT, "logits_t")
-    token_next = _storage(argmax(logits), "int32", "token_next")
+    h_next = stored_as(h_next, FLOAT, "h_next")
+    logits = stored_as(logits, FLOAT, "logits_t")
+    token_next = stored_as(argmax(logits), "int32", "token_next")
 
     # main reads the matmul weights packed (pack makes them once), the other parameters as they are
     weights = {g.members[0].weight for g in plan.gemms}
@@ -162,7 +162,7 @@ def lower(decoder, steps: int, batch: int, layout: PackedLayout = PackedLayout()
 
     start = te.placeholder((B,), "int32", name="start")
     h0 = te.placeholder((B, H), FLOAT, name="h0")
-    copies = [_storage(start, "int32", "token_init"), _storage(h0, FLOAT, "h_init")]
+    copies = [stored_as(start, "int32", "token_init"), stored_as(h0, FLOAT, "h_init")]
     prologue = _function([context, start, h0, *read, *packed_reads], [*hoisted, *copies])
     unpacked = [p for n, p in params.items() if n in weights]
     pack = _function(unpacked, [splitter.packed[g.name][0] for g in plan.gemms])
@@ -175,15 +175,15 @@ def lower(decoder, steps: int, batch: int, layout: PackedLayout = PackedLayout()
              Arg("logits", (N * B, V), FLOAT, "output")]
     allocs = [f'{t.op.name} = T.alloc_buffer({_shape(t)}, "{ACCUMULATE}")' for t in hoisted]
     frame = Skeleton(args, allocs,
-                     [_tokens_view("token_init", "0", B), _view("h_init", "h_seq", "0", B, H, FLOAT), _body(prologue)],
-                     [_tokens_view("token_t", f"t * {B}", B), _view("h_t", "h_seq", f"t * {B}", B, H, FLOAT),
+                     [_tokens_view("token_init", "0", B), view_script("h_init", "h_seq", "0", B, H, FLOAT), script_body(prologue)],
+                     [_tokens_view("token_t", f"t * {B}", B), view_script("h_t", "h_seq", f"t * {B}", B, H, FLOAT),
                       _tokens_view("token_next", f"t * {B} + {B}", B),
-                      _view("h_next", "h_seq", f"t * {B} + {B}", B, H, FLOAT),
-                      _view("logits_t", "logits", f"t * {B}", B, V, FLOAT)])
+                      view_script("h_next", "h_seq", f"t * {B} + {B}", B, H, FLOAT),
+                      view_script("logits_t", "logits", f"t * {B}", B, V, FLOAT)])
     loop = f"""    for t in range({N}):
         with T.sblock("step"):
 {indent(frame.step_views, 12)}
-{indent([_body(step)], 12)}"""
+{indent([script_body(step)], 12)}"""
     main = tvm.script.from_source(frame.source(loop))
     pack_args = [Arg(p.op.name, _shape(p), FLOAT, "param") for p in unpacked]
     pack_args += [Arg(p.op.name, _shape(p), FLOAT, "packed") for p in packed_reads]
@@ -200,7 +200,7 @@ def _parts(a: te.Tensor) -> list[te.Tensor]:
 
 
 def _function(inputs, outputs) -> tvm.tirx.PrimFunc:
-    return _prim_func(inputs, outputs, [t.op.name for t in [*inputs, *outputs]])
+    return prim_func_of(inputs, outputs, [t.op.name for t in [*inputs, *outputs]])
 
 
 def _shape(t) -> tuple[int, ...]:
