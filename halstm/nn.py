@@ -39,7 +39,7 @@ def _compile_keeping(cell, steps, batch, dtype, target, allow_tf32: bool = False
     persistent kernel), its steps keep the first stage's GEMM results too (``keep_results``), which
     the backward then reads instead of computing them again (``_compile_backward_given_results``):
     one GEMM over all rows less (0.11 ms at LSTM fp16 (100,64,1024) on an H200), T*B rows of float32
-    per GEMM more memory (``docs/results.md#what-the-forward-keeps``)."""
+    per GEMM more memory (``docs/results.md#training``)."""
     return compile_cell(cell, steps, batch, dtype, target, allow_tf32=allow_tf32, keep_results=True)
 
 
