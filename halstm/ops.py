@@ -15,6 +15,11 @@ from tvm.sym.analyzer import Analyzer
 from tvm import te, tirx, topi  # importing topi gives te.Tensor its elementwise arithmetic operators
 
 MATMUL_TAG = "halstm.matmul"
+# The convolutions' reductions (``halstm.models.conv``), by the shape of their sum, which the conv
+# recipes schedule by tag
+TAPS_TAG = "halstm.taps"  # out[m, c] = sum over the K taps of a window around row m
+ROWS_TAG = "halstm.rows"  # out[..., c] = sum over all T * B rows
+HEAD_TAG = "halstm.head"  # out[m, h, k] = sum over the R channels of head h
 
 # PyTorch's values at the extremes (inf, 0, NaN in, NaN out), on the CPU (targets/cpu_math.py) and on
 # CUDA, where subnormal results flush to zero (TVM builds with --use_fast_math)

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from tvm.s_tir import Schedule
 
-from halstm.models.conv import HEAD, ROWS, TAPS
-from halstm.ops import MATMUL_TAG
+from halstm.ops import HEAD_TAG, MATMUL_TAG, ROWS_TAG, TAPS_TAG
 
 from .cpu import parallel_rows
 from .conv import ConvRecipe
@@ -33,7 +32,7 @@ from .conv import ConvRecipe
 class CpuConv(ConvRecipe):
     name = "cpu-conv"
     kind = "cpu"
-    biased = (MATMUL_TAG, TAPS, ROWS)
+    biased = (MATMUL_TAG, TAPS_TAG, ROWS_TAG)
     # register tiles are (rows, vectors)
     knobs = {"taps_tile": ((2, 2), (4, 2), (1, 4), (2, 4)), "sum_tile": ((4, 2), (6, 2), (2, 4)),
              "gemm_tile": ((4, 2), (2, 4), (6, 2)), "panel": (64, 128), "depth": (512, 256, 1024),
@@ -52,11 +51,11 @@ class CpuConv(ConvRecipe):
             cols = next((c for c in range(cols, 0, -target.lanes) if width % c == 0), cols)
             _pack_columns(sch, block, cols)
             _gemm(sch, block, rows, cols, k["panel"], k["depth"])
-        elif tag == TAPS:
+        elif tag == TAPS_TAG:
             _register_tile(sch, block, *_tile(k["taps_tile"], target))
-        elif tag == ROWS:
+        elif tag == ROWS_TAG:
             _sum_rows(sch, block, *_tile(k["sum_tile"], target), k["chunk"], target.lanes)
-        elif tag == HEAD:
+        elif tag == HEAD_TAG:
             _lane_sums(sch, block, target.lanes)
         else:
             parallel_rows(sch, block, target.lanes)

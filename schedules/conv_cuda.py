@@ -17,8 +17,7 @@ read along their rows) are staged with strided reads.
 
 from __future__ import annotations
 
-from halstm.models.conv import HEAD, ROWS, TAPS
-from halstm.ops import MATMUL_TAG
+from halstm.ops import HEAD_TAG, MATMUL_TAG, ROWS_TAG, TAPS_TAG
 
 from .conv import ConvRecipe
 from .cuda_blocks import bind_flat
@@ -29,7 +28,7 @@ from .cuda_tensorcore import BYTES, WARP
 class CudaConv(ConvRecipe):
     name = "cuda-conv"
     kind = "cuda"
-    biased = (TAPS, ROWS)  # gemm_tiled stages every operand its block reads, an initial value's too
+    biased = (TAPS_TAG, ROWS_TAG)  # gemm_tiled stages every operand its block reads, an initial value's too
     # GEMM tiles of 64 x 64: the weight gradient (H * K x C = 496 x 1024 at the realistic size, over
     # 16384 rows) makes 128 blocks, about one per SM of an H100; 128 x 128 tiles would leave 100 idle
     knobs = {"gemm_block": (64, 128), "gemm_thread": (4, 8), "k_chunk": (16, 8), "chunk": (256, 64, 1024),
@@ -46,9 +45,9 @@ class CudaConv(ConvRecipe):
         if tag == MATMUL_TAG:
             b, t = k["gemm_block"], k["gemm_thread"]
             gemm_tiled(sch, block, GemmTile(b, b, t, t, k["k_chunk"]))
-        elif tag == ROWS:
+        elif tag == ROWS_TAG:
             _sum_rows(sch, block, k["chunk"], k["threads"])
-        elif tag == HEAD:
+        elif tag == HEAD_TAG:
             _warp_sums(sch, block, k["warps"])
         else:  # taps and the rest: a thread an output, any reduction serial inside it
             bind_flat(sch, block, k["threads"])

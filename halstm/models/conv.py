@@ -22,13 +22,10 @@ from dataclasses import dataclass
 
 from tvm import te, tirx
 
-from halstm.ops import MATMUL_TAG
+from halstm.ops import HEAD_TAG, MATMUL_TAG, ROWS_TAG, TAPS_TAG
 
 from .op import OpProgram, make_program
 
-TAPS = "halstm.taps"  # out[m, c] = sum over the K taps of a window around row m
-ROWS = "halstm.rows"  # out[..., c] = sum over all T * B rows
-HEAD = "halstm.head"  # out[m, h, k] = sum over the R channels of head h
 DTYPES = ("float32", "float64")
 
 
@@ -153,7 +150,7 @@ def dynamic_backward(layer: ConvLayer, x, kernel, weight_linear, grad) -> dict:
     r = te.reduce_axis((0, R), name="r")
     dw = te.compute((n, H, K), lambda m, h, k: te.sum(
         grad[m, h * R + r] * _at(layer, m + layer.shift(k), lambda s: x[s, h * R + r]), axis=r),
-        name="dkernel", tag=HEAD)
+        name="dkernel", tag=HEAD_TAG)
     dz = _softmax_backward(kernel, dw, "dz_heads") if layer.weight_softmax else dw
     dz = te.compute((n, N), lambda m, j: dz[m, j // K, j % K], name="dz")
     dweight_linear = _matmul(N, C, n, lambda j, m: dz[m, j], lambda m, c: x[m, c], "dweight_linear")
@@ -176,13 +173,13 @@ def _taps(layer: ConvLayer, name: str, term) -> te.Tensor:
     """out[m, c] = sum_k term(m, k, c) over the K taps."""
     k = te.reduce_axis((0, layer.kernel_size), name="k")
     return te.compute((layer.rows, layer.channels), lambda m, c: te.sum(term(m, k, c), axis=k), name=name,
-                      tag=TAPS)
+                      tag=TAPS_TAG)
 
 
 def _sum_rows(layer: ConvLayer, shape, term, name: str) -> te.Tensor:
     """out[i] = sum_m term(*i, m) over all T * B rows."""
     m = te.reduce_axis((0, layer.rows), name="m")
-    return te.compute(shape, lambda *i: te.sum(term(*i, m), axis=m), name=name, tag=ROWS)
+    return te.compute(shape, lambda *i: te.sum(term(*i, m), axis=m), name=name, tag=ROWS_TAG)
 
 
 def _matmul(rows: int, cols: int, depth: int, a, b, name: str) -> te.Tensor:
