@@ -30,7 +30,7 @@ import halstm
 from halstm.cells import BUILTIN
 from halstm.schedules import CudaPersistent
 from halstm.targets import CudaTarget
-from halstm.targets.cuda import _rewrite_generated_source
+from halstm.targets.cuda import rewrite_generated_source
 
 from gpu import inputs, rel, storage, timed  # noqa: E402 (beside this script)
 
@@ -94,7 +94,7 @@ def instrument(source: str) -> tuple[str, list[str]]:
 
 def hooked(rewrite):
     """Install ``rewrite`` after halstm's own source rewriting (for the next compiles)."""
-    _rewrite_generated_source()
+    rewrite_generated_source()
     name = "tvm_callback_cuda_postproc"
     halstms = tvm.get_global_func(name)
     tvm.register_global_func(name, lambda s, t: rewrite(halstms(s, t)), override=True)

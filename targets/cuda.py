@@ -85,7 +85,7 @@ class CudaTarget:
         must sit on the device function after the split (an attribute on the PrimFunc does not reach
         the kernel).
         """
-        _rewrite_generated_source()
+        rewrite_generated_source()
         with self._context():
             host_mod, device_mods = self.split(mod)
             _, finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(self.tvm_target)
@@ -270,7 +270,7 @@ def with_device_helpers(source: str) -> str:
 
 
 @functools.cache
-def _rewrite_generated_source() -> None:
+def rewrite_generated_source() -> None:
     """Hook ``tf32_fragments`` and ``with_device_helpers`` into TVM's CUDA code generation (its
     ``tvm_callback_cuda_postproc``, which sees every kernel's source before nvcc), after any hook
     already there. They rewrite only fragment declarations that nvcc would reject and add only
