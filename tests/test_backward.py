@@ -190,12 +190,15 @@ def test_derivation_matches_central_differences(cell_type, rng):
 
 # GatedNormRNN's forward takes about 73 s to compile for the CPU on a 2-core machine (its backward 3-5 s,
 # the large values its derivatives read stored: autodiff._Bounded): slow where the CPU forward compiles.
-# The GPU machine runs the slow tests; CI compiles the other cells, the layer-normalised ones (sums over
-# the hidden units) among them, and GatedNormRNN's backward for CUDA (test_backward_generates_cuda).
-SLOW_TO_COMPILE = [pytest.param(c, marks=pytest.mark.slow) if c is GatedNormRNN else c for c in CELLS]
+# The GPU machine runs the slow tests; CI compiles GatedNormRNN's backward for CUDA
+# (test_backward_generates_cuda). CI: LSTM (two states), PeepholeLSTM, ResetBeforeGRU and LayerNormLSTM
+# (sums over the hidden units), each cell family at a fixed T; GRU and LayerNormGRU repeat those paths
+# (slow), their backward against float64 in CI at any T (test_backward_any_steps.py).
+FLOAT32_IN_CI = ["LSTM", "PeepholeLSTM", "ResetBeforeGRU", "LayerNormLSTM"]
 
 
-@pytest.mark.parametrize("cell_type", SLOW_TO_COMPILE, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cell_type", representative([(c,) for c in CELLS], [c.__name__ for c in CELLS],
+                                                     FLOAT32_IN_CI))
 def test_compiled_matches_torch_autograd_in_float32(cell_type, rng):
     cell, x, params, states, gy, finals = problem(cell_type, rng)
     forward, backward = compiled(cell_type)
@@ -329,11 +332,11 @@ def test_what_cannot_be_differentiated_is_named(cell_type, words, rng):
 
 GENERATES = [(c, *d) for c in CELLS[:6] for d in (("float32", 2, 24), ("float16", 16, 32))]
 GENERATES_IDS = [f"{c.__name__}-{'fp32' if d == 'float32' else 'fp16-B16'}" for c, d, _, _ in GENERATES]
-# CI: in fp16 at B=16 (tensor cores beside FFMA) LSTM, LayerNormLSTM (sums over the hidden units) and
-# GatedNormRNN; in fp32 (FFMA alone, H=24) LSTM and GatedNormRNN, whose step has the most kinds of math.
-# The other cells repeat those paths with their own math (slow), whose CUDA backward nvcc compiles in CI
-# at any T (test_backward_any_steps.py: GRU, PeepholeLSTM, ResetBeforeGRU).
-GENERATES_IN_CI = ["LSTM-fp16-B16", "LayerNormLSTM-fp16-B16", "GatedNormRNN-fp16-B16", "LSTM-fp32", "GatedNormRNN-fp32"]
+# CI: in fp16 at B=16 (tensor cores beside FFMA) LSTM (its forward's units layout), LayerNormLSTM (sums
+# over the hidden units) and GatedNormRNN (the WMMA fallback below); in fp32 (FFMA alone, H=24) LSTM.
+# The other cases repeat those paths with other math (slow); the CUDA backward of GRU, PeepholeLSTM and
+# ResetBeforeGRU nvcc compiles in CI at any T (test_backward_any_steps.py).
+GENERATES_IN_CI = ["LSTM-fp16-B16", "LayerNormLSTM-fp16-B16", "GatedNormRNN-fp16-B16", "LSTM-fp32"]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")

@@ -170,9 +170,11 @@ DTYPES = {"float16": ("float16", False), "float32": ("float32", False), "tf32": 
 SIZES = [(1, 64), (16, 64), (64, 64), (4, 32)]  # (B, H); (4, 32): the training benchmark's gradient check
 BUILD_CASES = [(c, *DTYPES[d], b, h) for c in BUILTIN.values() for d in DTYPES for b, h in SIZES]
 BUILD_IDS = [f"{c.__name__}-{d}-B{b}-H{h}" for c in BUILTIN.values() for d in DTYPES for b, h in SIZES]
+# CI: LSTM in each dtype (fp16 B=16, TF32 B=64, fp32 B=1), ResetBeforeGRU fp16 B=1, PeepholeLSTM fp32 B=16
+# and GRU fp16 B=4 H=32 (FFMA over a symbolic K); the other cases repeat those GEMM paths with other
+# math (slow), LayerNormLSTM's CUDA backward nvcc compiles in CI at a fixed T (test_backward.py)
 BUILD_IN_CI = ["LSTM-float16-B16-H64", "LSTM-tf32-B64-H64", "LSTM-float32-B1-H64", "ResetBeforeGRU-float16-B1-H64",
-               "ResetBeforeGRU-tf32-B16-H64", "LayerNormGRU-float16-B64-H64", "PeepholeLSTM-float32-B16-H64",
-               "GRU-float16-B4-H32"]
+               "PeepholeLSTM-float32-B16-H64", "GRU-float16-B4-H32"]
 
 
 @pytest.mark.parametrize("cell_type, dtype, allow_tf32, batch, width",
