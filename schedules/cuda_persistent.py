@@ -88,7 +88,7 @@ from .cuda_epilogue import epilogue_units
 from .cuda_gemm import hoisted_tensor_core_tile, on_wgmma, schedule_gemm, split_tf32, use_tensor_cores
 from .cuda_tensorcore import BYTES, tensor_cores_available
 from .block_gemm import VECTOR
-from .persistent_kernel import PersistentKernel
+from .persistent_kernel import PROLOGUE_KNOBS, PersistentKernel
 from .step_program import Reduction, per_program, step_blocks
 from .recipe import Recipe, child_blocks, inline_elementwise
 from .wgmma import wgmma_available
@@ -337,12 +337,14 @@ class CudaPersistent(Recipe):
         merge_variances where the step has no sums of its own, and poll_sums (polling was as fast as
         the grid sync or faster at every measured shape: the class's docstring; searched, it would
         double the settings of a step with sums); poll_waiters is added to the settings whose kernel
-        polls (where alone it is valid)."""
+        polls (where alone it is valid). The prologue's knobs vary fastest: the settings of one
+        kernel come one after another (``PersistentKernel.plan`` keeps the last few)."""
         out, analysed = [], step_blocks(program) or []
         sums = ("poll_sums",) if any(isinstance(b, Reduction) for b in analysed) else ("merge_variances", "poll_sums")
         for on in self.knobs["tensor_cores"]:
             moot = ("tensor_cores", "tile_rows", "tile_cols") if on else ("tensor_cores", "warp_frags", "resident_weights")
-            names = [n for n in self.knobs if n not in moot + sums + ("poll_waiters",)]
+            names = [n for n in self.knobs if n not in moot + sums + ("poll_waiters",) + PROLOGUE_KNOBS]
+            names += list(PROLOGUE_KNOBS)
             for k in self.settings(names, {"tensor_cores": on}):
                 if self.valid(program, target, k):
                     out.append(k)
