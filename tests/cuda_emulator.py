@@ -25,20 +25,27 @@ class Memory:
 
     def __init__(self):
         self.who, self.phase, self.interval = (0, 0), 0, 0
-        self.seen = {}
+        self.seen = {}  # (epoch, buffer, index) -> (its readers: {(thread, phase)}, its writes: {(thread, phase, value)})
 
     def access(self, name, key, shared, value=None, polled=False):
-        """Record one access; ``polled``: a read that waits for its value (it cannot race), not recorded."""
+        """Record one access; ``polled``: a read that waits for its value (it cannot race), not recorded.
+        Two reads never race, so a read is checked against the address's writes alone (an address
+        that every thread reads, as a weight, is checked against its one write, not every read)."""
         if polled:
             return
         epoch = (self.phase, self.who[0]) if shared else self.interval
-        for other, phase, wrote in self.seen.get((epoch, name, key), ()):
+        reads, writes = self.seen.setdefault((epoch, name, key), (set(), set()))
+        for other, phase, wrote in writes if value is None else itertools.chain(
+                ((o, p, None) for o, p in reads), writes):
             if other == self.who or (other[0] == self.who[0] and phase != self.phase):
                 continue  # the same thread, or the same block across a __syncthreads
-            if (value is None and wrote is None) or (value is not None and value == wrote):
-                continue  # two reads, or the same value written twice
+            if value is not None and value == wrote:
+                continue  # the same value written twice
             raise Race(f"{name}{list(key)}: thread {self.who} and thread {other}")
-        self.seen.setdefault((epoch, name, key), []).append((self.who, self.phase, value))
+        if value is None:
+            reads.add((self.who, self.phase))
+        else:
+            writes.add((self.who, self.phase, value))
 
 
 class Ramp(tuple):
