@@ -764,6 +764,19 @@ def test_a_rounds_sums_take_one_pass_of_lane_sums(cell, rounds):
     assert {name for name, *_, scope in kernel.buffers() if scope == "shared.dyn"} - gemms == {"sums_s", "parts_s"}
 
 
+def test_plans_are_kept_by_the_knobs_they_read_and_each_call_has_its_own():
+    """``PersistentKernel.plan`` keeps recent plans by the knobs the kernel reads (not the prologue's):
+    a setting that differs in those alone gets the kept plan, as a kernel of its own that a caller
+    may change; one that differs in a kernel knob gets its own plan."""
+    recipe, program = CudaPersistent(), _program(dtype="float16")
+    knobs = recipe.defaults(program, H100)
+    first = PersistentKernel.plan(program, H100, knobs)
+    first.staged = not first.staged
+    again = PersistentKernel.plan(program, H100, {**knobs, "tc_hoisted_frags": 4, "wgmma": not knobs["wgmma"]})
+    assert again is not first and again.staged != first.staged
+    assert PersistentKernel.plan(program, H100, {**knobs, "threads": 512}).threads == 512
+
+
 def test_the_math_reads_a_staged_state_from_its_operand():
     """GRU's z * h reads h at its own units from the operand the block staged for the GEMM; not
     where the operand buffer also stages another GEMM's (ResetBeforeGRU's r * h on tensor cores), nor
