@@ -47,8 +47,7 @@ _TIME_LOOP = '''    with T.sblock("time_loop"):
 
 # The knobs that size the prologue alone (its hoisted GEMM), which the kernel's plan does not read
 PROLOGUE_KNOBS = ("tc_hoisted_frags", "wgmma")
-PLANS_KEPT = 64  # the most recent plans (``PersistentKernel.plan``) kept: a recipe's space checks many
-_plans: dict = {}
+PLANS_KEPT = 64  # the most recent plans of a program (``PersistentKernel.plan``) kept
 
 
 def _on_chip(analysed: list, H: int) -> bool:
@@ -97,13 +96,13 @@ class PersistentKernel(StepGemms, GridReductions):
         knobs, and ``valid`` for its variants). The persistent recipe's space on the 2-core CPU
         machine, without / with them kept: LSTM fp16 B=16 H=512 (21888 settings) 6.7 / 2.5-3.3 s,
         LayerNormGRU B=16 H=128 (68448) 139 / 14 s."""
-        key = (id(program), target, tuple(sorted((n, v) for n, v in knobs.items() if n not in PROLOGUE_KNOBS)))
-        hit = _plans.get(key)
-        if hit is None or hit[0] is not program:
-            if len(_plans) >= PLANS_KEPT:
-                del _plans[next(iter(_plans))]
-            hit = _plans[key] = (program, cls._plan(program, target, knobs))
-        return copy.copy(hit[1])
+        plans = per_program("plans", program, target, dict)
+        key = tuple(sorted((n, v) for n, v in knobs.items() if n not in PROLOGUE_KNOBS))
+        if key not in plans:
+            if len(plans) >= PLANS_KEPT:
+                del plans[next(iter(plans))]
+            plans[key] = cls._plan(program, target, knobs)
+        return copy.copy(plans[key])
 
     @classmethod
     def _plan(cls, program, target, knobs):
