@@ -25,7 +25,8 @@ class Memory:
 
     def __init__(self):
         self.who, self.phase, self.interval = (0, 0), 0, 0
-        self.seen = {}  # (epoch, buffer, index) -> (its readers: {(thread, phase)}, its writes: {(thread, phase, value)})
+        # (epoch, buffer, index) -> (its readers {(thread, phase)}, its writes {(thread, phase, value)})
+        self.seen = {}
 
     def access(self, name, key, shared, value=None, polled=False):
         """Record one access; ``polled``: a read that waits for its value (it cannot race), not recorded.

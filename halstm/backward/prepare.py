@@ -63,10 +63,12 @@ def lower_prepare(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
         views += [view_script(f"{g.name}_given", f"{g.name}_steps", "0", T * B, g.rows, ACCUMULATE) for _, g in first]
     views += [view_script("x_t", "x", "0", T * B, cell.input_size, dtype)] if forward.x_in_step else []
     views += [view_script(f"{s}_t", f"{s}_seq", "0", T * B, H, dtype) for s in cell.states]
-    views += [view_script(f"{s}_after", f"{s}_seq", str(B), T * B, H, dtype) for s in cell.states] if adjoint.reads_next else []
+    if adjoint.reads_next:
+        views += [view_script(f"{s}_after", f"{s}_seq", str(B), T * B, H, dtype) for s in cell.states]
     views += [view_script(f"g{s}_t", f"g{s}_seq", "0", T * B, H, dtype) for s in cell.states]
     frame = Skeleton(args, allocs, prologue, views)
-    return over_all_rows(plan.prepare_plan(), T, B, dtype, layout, frame, one_step(frame, _prepare_step(plan, T, B, dtype, layout)))
+    step = one_step(frame, _prepare_step(plan, T, B, dtype, layout))
+    return over_all_rows(plan.prepare_plan(), T, B, dtype, layout, frame, step)
 
 
 def _prepare_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
@@ -75,7 +77,8 @@ def _prepare_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedL
     weights."""
     cell, forward, adjoint = plan.cell, plan.forward, plan.adjoint
     x, states, params = placeholders(cell, T * B, dtype)
-    hoisted = trace_hoisted(forward, padded_rows(x, hoisted_rows_at(T, B)[0]) if any_steps(T) else x, states, params, layout)
+    x_rows = padded_rows(x, hoisted_rows_at(T, B)[0]) if any_steps(T) else x
+    hoisted = trace_hoisted(forward, x_rows, states, params, layout)
     outputs = [] if plan.given_hoisted else [hoisted.gemms[g.name] for g in forward.hoisted]
     if not plan.given_results:
         outputs += [hoisted.packed[g.name] for g in forward.gemms if g.stage == 1]
@@ -102,7 +105,8 @@ def _prepare_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
     # a GEMM tile then divides them (over n_steps * B rows its tiles' shared stages had symbolic sizes)
     given = {g.name: te.placeholder((T * B, g.rows), ACCUMULATE, name=f"{g.name}_given")
              for g in forward.gemms if g.stage == 1 and plan.given_results}
-    step = trace_step(forward, T * B, dtype, layout, given=given, rows=hoisted_rows_at(T, B)[0] if any_steps(T) else None)
+    step = trace_step(forward, T * B, dtype, layout, given=given,
+                      rows=hoisted_rows_at(T, B)[0] if any_steps(T) else None)
     after = [te.placeholder((T * B, H), dtype, name=f"{s}_after") for s in cell.states] if adjoint.reads_next else []
     grads = [te.placeholder((T * B, H), dtype, name=f"g{s}_t") for s in cell.states]
     source = {g.name: step.x_proj[g.name] for g in forward.hoisted}

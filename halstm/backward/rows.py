@@ -74,7 +74,8 @@ def lower_rows(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
                   view_script("dx_t", "dx_seq", "0", T * B, cell.input_size, ACCUMULATE)]
     views += [view_script(f"{s}_t", f"{s}_seq", "0", T * B, H, dtype) for s in cell.states]
     views += [view_script(f"d{g.name}_t", f"d{g.name}_seq", "0", T * B, g.rows, between) for g in stored]
-    views += [view_script(f"a_{g.name}_t", f"a_{g.name}_seq", "0", T * B, g.depth, between) for g in plan.stored_operands]
+    views += [view_script(f"a_{g.name}_t", f"a_{g.name}_seq", "0", T * B, g.depth, between)
+              for g in plan.stored_operands]
     views += [view_script(f"d{p}_t", f"d{p}_sum", "0", 1, numel(cell.parameters()[p]), ACCUMULATE) for p in kept]
     frame = Skeleton(args, allocs, prologue, views)
     return over_all_rows(plan.rows_plan(), T, B, dtype, layout, frame, one_step(frame, step)), kept, shared
@@ -87,7 +88,8 @@ def _rows_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayo
     x, states, params = placeholders(cell, T * B, dtype)
     hoisted = trace_hoisted(forward, x, states, params, layout)
     outputs = [hoisted.packed[g.name] for g in forward.gemms if g.stage > 1]
-    outputs += [transposed_weights(g, params, layout, f"w_packed_t{i}") for i, g in enumerate(forward.gemms) if g in operands]
+    outputs += [transposed_weights(g, params, layout, f"w_packed_t{i}")
+                for i, g in enumerate(forward.gemms) if g in operands]
     if not outputs:
         return None
     inputs = [x, *params.values()]
@@ -127,7 +129,8 @@ def _rows_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
 
     def operand_rule(g: Gemm):
         def rule(d_result):
-            return [(step.operands[g.name], packed_gemm(d_result, transposed[g.name], layout, g.depth, f"grad_a_{g.name}"))]
+            d_operand = packed_gemm(d_result, transposed[g.name], layout, g.depth, f"grad_a_{g.name}")
+            return [(step.operands[g.name], d_operand)]
         return rule
 
     rules = {step.gemms[g.name].op: operand_rule(g) for g in plan.rows_operands}
@@ -146,7 +149,8 @@ def _rows_step(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
               for g, d in zip(forward.gemms, d_results)}
     outputs = [stored_operand(plan, dtype, or_zeros(d, r), f"d{g.name}_t")
                for g, r, d in zip(forward.gemms, results, d_results) if shared[g.name] == g.name]
-    outputs += [stored_as(step.operands[g.name], between_dtype(plan, dtype), f"a_{g.name}_t") for g in plan.stored_operands]
+    outputs += [stored_as(step.operands[g.name], between_dtype(plan, dtype), f"a_{g.name}_t")
+                for g in plan.stored_operands]
     outputs += _parameter_rows(d_params, kept)
     outputs += [stored_as(or_zeros(d, x), ACCUMULATE, "dx_t") for x, d in zip(x_t, d_x_t)]
     inputs = [*step.inputs, adjoint_x, *transposed.values(), *adjoint_seqs, *loop_seqs]

@@ -123,8 +123,8 @@ def _weights_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedL
         # a register tile then divides them whatever B, where over n_steps * B rows B=1 left one-row
         # tiles (LSTM (100,1,256), CPU: the weights function 1.37 ms against 0.90 at fixed T)
         rows = hoisted_rows_at(T, B)[0]
-        outputs += [packed_gemm(padded_rows(d_results[g.name], rows, f"d{g.name}_padded"), transposed[g.name], layout, g.depth,
-                          f"grad_a_{g.name}") for g in forward.hoisted]
+        outputs += [packed_gemm(padded_rows(d_results[g.name], rows, f"d{g.name}_padded"), transposed[g.name], layout,
+                                g.depth, f"grad_a_{g.name}") for g in forward.hoisted]
     inputs = [x, *params.values(), *stored_operands.values(), *seqs.values(), *stored]
     return prim_func_of(inputs, outputs, [t.op.name for t in inputs + outputs])
 

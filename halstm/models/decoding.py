@@ -175,7 +175,8 @@ def lower(decoder, steps: int, batch: int, layout: PackedLayout = PackedLayout()
              Arg("logits", (N * B, V), FLOAT, "output")]
     allocs = [f'{t.op.name} = T.alloc_buffer({_shape(t)}, "{ACCUMULATE}")' for t in hoisted]
     frame = Skeleton(args, allocs,
-                     [_tokens_view("token_init", "0", B), view_script("h_init", "h_seq", "0", B, H, FLOAT), script_body(prologue)],
+                     [_tokens_view("token_init", "0", B), view_script("h_init", "h_seq", "0", B, H, FLOAT),
+                      script_body(prologue)],
                      [_tokens_view("token_t", f"t * {B}", B), view_script("h_t", "h_seq", f"t * {B}", B, H, FLOAT),
                       _tokens_view("token_next", f"t * {B} + {B}", B),
                       view_script("h_next", "h_seq", f"t * {B} + {B}", B, H, FLOAT),
