@@ -94,8 +94,8 @@ class PersistentKernel(StepGemms, GridReductions):
         Each call has a kernel of its own; the most recent PLANS_KEPT plans are kept by the knobs
         they read (a recipe's space asks for one plan under several settings of the prologue's
         knobs, and ``valid`` for its variants). The persistent recipe's space on the 2-core CPU
-        machine, without / with them kept: LSTM fp16 B=16 H=512 (21888 settings) 6.7 / 2.5-3.3 s,
-        LayerNormGRU B=16 H=128 (68448) 139 / 14 s."""
+        machine, without / with them kept, alternating twice: LSTM fp16 B=16 H=512 (21888 settings)
+        10.7-14.0 / 4.6-4.8 s, LayerNormGRU B=16 H=128 (68448) 181-210 / 21-24 s."""
         plans = per_program("plans", program, target, dict)
         key = tuple(sorted((n, v) for n, v in knobs.items() if n not in PROLOGUE_KNOBS))
         if key not in plans:
