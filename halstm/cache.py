@@ -47,6 +47,7 @@ from . import deploy
 from .cell import BUILD_LOCK
 from .compiler import CompiledCell
 from .gradients import CompiledBackward
+from .lowering import cell_hash
 from .runtime import Arg, SequenceFunction, check_dimension
 
 FORMAT = 2  # of a backward entry's sidecar
@@ -98,16 +99,15 @@ def backward(program, target, recipe, knobs: dict, adjoint, build) -> CompiledBa
 
 def decided(program, target, question: dict, decide, usable=lambda answer: True) -> dict:
     """``decide()``'s answer (a JSON object) to ``question`` (a JSON object) about ``program`` on
-    ``target``, kept in the cache: the recipe, knobs and layout ``halstm.compile`` chooses, which the
-    persistent kernel's recipe decides from an analysis of the parsed program (0.5 s for LSTM
-    (100,16,512) fp16, 1 s for its backward's reversed loop, on the 2-core CPU machine), a cache hit
-    would otherwise pay before loading anything. Keyed by the program, the target, the versions and
-    halstm's code, as modules are; an entry that cannot be read, is not for this key or whose answer
+    ``target``, kept in the cache: the recipe, knobs and layout ``halstm.compile`` chooses before it
+    lowers the program, which a cache hit would otherwise pay before loading anything. Keyed by the
+    cell (``lowering.cell_hash``), the problem's sizes and options, the target, the versions and
+    halstm's code; an entry that cannot be read, is not for this key or whose answer
     is not ``usable`` is decided again and replaced. Not kept where ``decide`` raises or its answer
     does not come back from JSON as it was (a registered recipe's knobs of other types)."""
     if not enabled():
         return decide()
-    key = {"kind": "decision", "question": question, "program": _sha256(program.source), **_problem(program, target),
+    key = {"kind": "decision", "question": question, "cell_hash": cell_hash(program.cell), **_problem(program, target),
            "halstm": deploy._halstm_version(), "tvm": tvm.__version__, "code": _code(None)}
     key = json.loads(json.dumps(key, sort_keys=True, default=repr))  # as read back
     path = _entry(key, ".decision.json")

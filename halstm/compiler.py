@@ -12,7 +12,7 @@ from halstm import schedules, targets
 
 from .cell import BUILD_LOCK, Cell, check_cell
 from .database import Database, Record, best, nearest_steps, tuning_key
-from .lowering import PackedLayout, Program, lower
+from .lowering import PackedLayout, Problem, Program
 from .plan import make_plan
 from .runtime import SequenceFunction, Signature
 from .scratch import lift_module
@@ -72,18 +72,18 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     target = targets.resolve(target)
     plan = make_plan(cell)
     steps = None if steps is None else int(steps)
-    program = lower(cell, steps, int(batch), dtype, plan, allow_tf32=allow_tf32)
+    problem = Problem(cell, plan, steps, int(batch), dtype, allow_tf32=allow_tf32)
     record = None
     if recipe is not None:
         recipe = schedules.named(recipe) if isinstance(recipe, str) else recipe
         schedules.check_name(recipe)
     elif knobs is None and database is not False:
         database = database if isinstance(database, Database) else Database(database)
-        record = _best_record(program, target, database)
+        record = _best_record(problem, target, database)
     from . import cache
 
-    choice = cache.decided(program, target, _question(recipe, knobs, record),
-                           lambda: _choose(program, target, recipe, knobs, record),
+    choice = cache.decided(problem, target, _question(recipe, knobs, record),
+                           lambda: _choose(problem, target, recipe, knobs, record),
                            lambda choice: _usable(choice, recipe))
     if record is not None and choice["stale"] is not None:
         warnings.warn(f"{database.path}:{record.line}: the tuned {record.candidate} does not run here; using the "
@@ -92,8 +92,7 @@ def compile(  # noqa: A001 (the package's verb, as tvm.compile)
     recipe = recipe or schedules.named(choice["recipe"])
     knobs, layout = choice["knobs"], PackedLayout(**choice["layout"])
     keep_results = keep_results and recipe.keeps_results and layout.split_k == 1
-    if layout != program.layout or keep_results:
-        program = lower(cell, steps, int(batch), dtype, plan, layout, allow_tf32, keep_results)
+    program = problem.lowered(layout, keep_results)
 
     def build():
         schedule = recipe.apply(program, target, **knobs)
@@ -120,7 +119,7 @@ def check_problem(cell: Cell, steps, batch, dtype, any_steps: bool = True) -> No
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
 
 
-def _best_record(program: Program, target, db: Database) -> Record | None:
+def _best_record(program: Problem, target, db: Database) -> Record | None:
     """The best record for this problem among the built-in and registered recipes, else the best at
     the nearest sequence length (``database.nearest_steps``); None, with a warning, where the
     database cannot be read. ``_choose`` checks that its knobs run here."""
@@ -158,7 +157,7 @@ def _usable(choice: dict, asked) -> bool:
             and isinstance(choice.get("stale"), (str, type(None))))
 
 
-def _choose(program: Program, target, recipe, knobs: dict | None, record: Record | None) -> dict:
+def _choose(program: Problem, target, recipe, knobs: dict | None, record: Record | None) -> dict:
     """The recipe (``recipe``; else ``record``'s where its knobs run here; else the first built-in
     one that applies), its resolved knobs and weight layout, as JSON, and ``stale``: why ``record``
     was passed over (a record another version of halstm or another machine wrote, or one written by

@@ -25,7 +25,7 @@ from .backward import BackwardProgram, lower_backward
 from .cell import Cell, placeholders, trace
 from .compiler import check_problem, serialised
 from .compiler import compile as compile_cell
-from .lowering import ACCUMULATE, lower
+from .lowering import ACCUMULATE, Problem
 from .oracle import _Evaluator
 from .plan import make_plan
 from .runtime import Arg, HostBuffers, Pack, as_frame, check_array, check_names, on_cpu, steps_of
@@ -104,7 +104,7 @@ def _backward_programs(cell: Cell, steps: int | None, batch: int, dtype: str, ta
     cores (exact float32 and the CPU, whose step-loop schedules always apply)."""
     recipe = next(r for r in schedules.BUILTIN if r.name == f"{target.kind}-step-loop")
     plan = make_plan(cell)
-    forward = lower(cell, steps, batch, dtype, plan, allow_tf32=allow_tf32)
+    forward = Problem(cell, plan, steps, batch, dtype, allow_tf32=allow_tf32)
     knobs = recipe.resolve(forward, target, knobs)
     layout = recipe.layout(forward, target, knobs)
     on_tensor_cores = target.kind == "cuda" and (dtype != "float32" or allow_tf32)
@@ -129,7 +129,8 @@ def reversed_loop(cell: Cell, steps: int | None, batch: int, dtype: str, target,
         from . import cache
 
         split = AdjointCell(plan, gathered=False)
-        loop = lower(split, None if steps is None else steps + 1, batch, dtype, allow_tf32=allow_tf32)
+        loop = Problem(split, make_plan(split), None if steps is None else steps + 1, batch, dtype,
+                       allow_tf32=allow_tf32)
         first = cache.decided(loop, target, {"first recipe": True},
                               lambda: {"recipe": schedules.recipes_for(loop, target)[0].name})
         if first["recipe"] == "cuda-persistent":

@@ -54,51 +54,6 @@ def parsed(source: str) -> tvm.tirx.PrimFunc:
     return tvm.script.from_source(source)
 
 
-@dataclass
-class Program:
-    """The lowered, unscheduled function and what is needed to call it."""
-
-    cell: Cell
-    plan: Plan
-    steps: int | None  # None: any sequence length (the function's variable ``STEPS``)
-    batch: int
-    dtype: str
-    layout: PackedLayout
-    source: str  # the TVMScript of ``func``
-    args: list[Arg]
-    allow_tf32: bool = False  # fp32 GEMMs may run on tensor cores as TF32 (operands to 10 mantissa bits)
-    keeps_results: bool = False  # the first stage's GEMM results of every step stay (``kept_results``)
-
-    @property
-    def kept(self) -> list[str]:
-        """The scratch buffers a caller may keep after a call (``sequences_keeping``): the hoisted
-        GEMMs' results and, with ``keeps_results``, the first stage's (``kept_results``)."""
-        return [g.name for g in self.plan.hoisted] + (kept_results(self.plan) if self.keeps_results else [])
-
-    @property
-    def func(self) -> tvm.tirx.PrimFunc:
-        """Parsed on first use, once a process for a source (``parsed``)."""
-        return parsed(self.source)
-
-    @property
-    def mod(self) -> tvm.IRModule:
-        """A module of its own copy of ``func``: a schedule made on it changed the blocks of the
-        function it was given in place (TVM 0.27: a second ``recipe.apply`` of a backward's weights
-        function then failed), 14-70 ms a copy."""
-        return tvm.IRModule({"main": copy.deepcopy(self.func)})
-
-    @property
-    def longest(self) -> int:
-        """The longest sequence the function takes: its T, or ``max_steps`` where it serves any."""
-        return self.steps or max_steps(self.plan, self.batch, self.layout)
-
-    @property
-    def nominal_steps(self) -> int:
-        """The sequence length the function's choices are made for: its T, or ``NOMINAL_STEPS``
-        where it serves any."""
-        return self.steps or NOMINAL_STEPS
-
-
 def _math_view(t: te.Tensor) -> te.Tensor:
     """t in float32 for the cell's math: t itself when already float32, else a cast (inlined later)."""
     if t.dtype == ACCUMULATE:
@@ -177,6 +132,77 @@ class PackedLayout:
         return within // self.units * self.width + group * self.units + within % self.units
 
 
+@dataclass
+class Problem:
+    """What a recipe, its knobs and a weight layout are chosen for before the program is lowered
+    (``halstm.compile``): the cell, its plan, the sizes, the dtype and the options, and the step as
+    IR (``step``); ``lowered`` lowers it for the layout chosen."""
+
+    cell: Cell
+    plan: Plan
+    steps: int | None  # None: any sequence length (the function's variable ``STEPS``)
+    batch: int
+    dtype: str
+    layout: PackedLayout = PackedLayout()
+    allow_tf32: bool = False  # fp32 GEMMs may run on tensor cores as TF32 (operands to 10 mantissa bits)
+    keeps_results: bool = False  # the first stage's GEMM results of every step stay (``kept_results``)
+
+    @functools.cached_property
+    def step(self) -> tvm.tirx.PrimFunc:
+        """One step (``step_function``), which a recipe may read as IR without a whole program parsed."""
+        return step_function(self.plan, self.batch, self.dtype, self.layout, self.keeps_results)
+
+    def lowered(self, layout: PackedLayout, keep_results: bool = False) -> Program:
+        """The program lowered with ``layout``: its step, where its step GEMMs' layouts are this
+        problem's, the step already built."""
+        same = keep_results == self.keeps_results and _step_layouts(self.plan, layout) == _step_layouts(
+            self.plan, self.layout)
+        return lower(self.cell, self.steps, self.batch, self.dtype, self.plan, layout, self.allow_tf32, keep_results,
+                     self.step if same else None)
+
+    @property
+    def longest(self) -> int:
+        """The longest sequence the function takes: its T, or ``max_steps`` where it serves any."""
+        return self.steps or max_steps(self.plan, self.batch, self.layout)
+
+    @property
+    def nominal_steps(self) -> int:
+        """The sequence length the function's choices are made for: its T, or ``NOMINAL_STEPS``
+        where it serves any."""
+        return self.steps or NOMINAL_STEPS
+
+
+@dataclass(kw_only=True)
+class Program(Problem):
+    """The lowered, unscheduled function and what is needed to call it."""
+
+    source: str  # the TVMScript of ``func``
+    args: list[Arg]
+
+    @property
+    def kept(self) -> list[str]:
+        """The scratch buffers a caller may keep after a call (``sequences_keeping``): the hoisted
+        GEMMs' results and, with ``keeps_results``, the first stage's (``kept_results``)."""
+        return [g.name for g in self.plan.hoisted] + (kept_results(self.plan) if self.keeps_results else [])
+
+    @property
+    def func(self) -> tvm.tirx.PrimFunc:
+        """Parsed on first use, once a process for a source (``parsed``)."""
+        return parsed(self.source)
+
+    @property
+    def mod(self) -> tvm.IRModule:
+        """A module of its own copy of ``func``: a schedule made on it changed the blocks of the
+        function it was given in place (TVM 0.27: a second ``recipe.apply`` of a backward's weights
+        function then failed), 14-70 ms a copy."""
+        return tvm.IRModule({"main": copy.deepcopy(self.func)})
+
+
+def _step_layouts(plan: Plan, layout: PackedLayout) -> tuple:
+    """The layouts of the step GEMMs' weights, which the step function reads."""
+    return tuple(layout.of(g) for g in plan.gemms if g.stage > 0)
+
+
 def columns_of(t: te.Tensor, start: int, width: int, name: str, layout: PackedLayout = PackedLayout()) -> te.Tensor:
     """Columns start .. start + width of t (of the cell's math; stored as ``layout`` says)."""
     rows = int(t.shape[1])
@@ -235,6 +261,14 @@ def packed_weights(gemm: Gemm, params: Params, layout: PackedLayout, name: str) 
         return te.if_then_else(k // gemm.depth == 1, tf32_small(w), tf32_big(w))
 
     return te.compute(layout.shape(gemm.depth, gemm.rows), lambda *i: value(*layout.unpack(*i)), name=name)
+
+
+def packing_function(plan: Plan, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:
+    """The step GEMMs' packed weights (``w_packed<i>``) from the parameters, as the prologue of
+    ``lower``'s function computes them, alone."""
+    _, _, params = placeholders(plan.cell, 1, dtype)
+    packed = [packed_weights(g, params, layout.of(g), f"w_packed{i}") for i, g in enumerate(plan.gemms) if g.stage > 0]
+    return te.create_prim_func([*params.values(), *packed])
 
 
 def packed_gemm(operand: te.Tensor, packed: te.Tensor, layout: PackedLayout, rows: int, name: str,
@@ -369,8 +403,10 @@ def _prologue(plan: Plan, steps: int | None, batch: int, dtype: str, layout: Pac
     return prim_func_of(inputs, outputs, [t.op.name for t in inputs + outputs])
 
 
-def _step(plan: Plan, batch: int, dtype: str, layout: PackedLayout, keep_results: bool = False) -> tvm.tirx.PrimFunc:
-    """One step on row-block views: per stage the combined GEMM, then the elementwise math; with
+def step_function(plan: Plan, batch: int, dtype: str, layout: PackedLayout, keep_results: bool = False) -> tvm.tirx.PrimFunc:
+    """One step, its buffers named as the step's views of the sequence function that ``lower``
+    writes around it (``Program.step``, which recipes read without parsing the whole function):
+    per stage the combined GEMM, then the elementwise math; with
     ``keep_results`` the first stage's GEMM results copied to views of their own too (``<gemm>_kept``;
     the GEMM writing such a view itself, the CPU recipe's register tile could not match it)."""
     step = trace_step(plan, batch, dtype, layout, split_k=True)
@@ -661,21 +697,26 @@ def lower(
     layout: PackedLayout = PackedLayout(),
     allow_tf32: bool = False,
     keep_results: bool = False,
+    step: tvm.tirx.PrimFunc | None = None,
 ) -> Program:
     """The whole sequence as one PrimFunc ``main`` (unscheduled); ``steps=None``: for any T.
     ``keep_results``: every step's first-stage GEMM results stay in buffers of their own
-    (``kept_results``), where the step loop computes them whole (no K slices)."""
+    (``kept_results``), where the step loop computes them whole (no K slices). ``step``: the
+    step's function (``step_function``) where it is already built (``Problem.lowered``)."""
     plan = plan or make_plan(cell)
     check_sizes(plan, steps or 1, batch, layout)
     if keep_results and layout.split_k > 1:
         raise ValueError("keep_results: a step's GEMM results are kept whole, not in K slices (split_k)")
     frame = skeleton(plan, steps, batch, dtype, layout, keep_results=keep_results)
+    step = step or step_function(plan, batch, dtype, layout, keep_results)
     loop = f"""    for t in range({steps or STEPS}):
         with T.sblock("step"):
 {indent(frame.step_views, 12)}
-{indent([script_body(_step(plan, batch, dtype, layout, keep_results))], 12)}"""
-    return Program(cell, plan, steps, batch, dtype, layout, frame.source(loop), frame.args, allow_tf32,
-                   keep_results)
+{indent([script_body(step)], 12)}"""
+    program = Program(cell, plan, steps, batch, dtype, layout, allow_tf32, keep_results, source=frame.source(loop),
+                      args=frame.args)
+    program.step = step  # built: ``Problem.step`` would build it again
+    return program
 
 
 def cell_hash(cell: Cell) -> str:

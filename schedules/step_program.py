@@ -6,15 +6,18 @@ rewritten by substitution (``rewrite``)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 
+import tvm
 import tvm_ffi
 from tvm import sym, tirx
 from tvm.tirx import IterVar
 from tvm.ir import TensorLoad
 from tvm.s_tir import Schedule
 
+from halstm.lowering import packing_function
 from halstm.plan import Gemm
 
 from .recipe import inline_elementwise, is_reduction
@@ -87,8 +90,9 @@ _cache: dict[tuple, tuple] = {}
 
 
 def per_program(what: str, program, key, compute):
-    """compute() once per program and key (the tuner checks many knob settings of one program); the
-    program is held with the result, so that its id is not reused while cached."""
+    """compute() once per program (or another object: a step function) and key (the tuner checks
+    many knob settings of one program); the object is held with the result, so that its id is not
+    reused while cached."""
     hit = _cache.get((what, id(program), key))
     if hit is None or hit[0] is not program:
         if len(_cache) > 32:
@@ -101,40 +105,51 @@ def step_blocks(program) -> list | None:
     """The step's blocks in order, knob-independent: ``StepGemm`` and ``Elementwise``. None when the
     step has math a block cannot do on its own units: a cell's own reduction, a GEMM whose columns are
     not whole gates, a block not over (B, H), no step GEMM."""
-    return per_program("analysis", program, None, lambda: _analyse(program))[0]
+    return _analysis(program)[0]
 
 
 def packings(program) -> dict:
     """By GEMM index, the step GEMMs' packed weights at (k, n) as the lowering's prologue computes
     them: (the variables of k and n, the value), read in place of the packed copy."""
-    return per_program("analysis", program, None, lambda: _analyse(program))[1]
+    return _analysis(program)[1]
+
+
+def _analysis(program):
+    """``_analyse``'s, once a step function: a problem and the program lowered from it share theirs
+    where the step GEMMs' layouts, which both read, are the same (``Problem.lowered``)."""
+    return per_program("analysis", program.step, None, lambda: _analyse(program))
 
 
 def _analyse(program):
-    """(``step_blocks``, ``packings``) from one schedule of the program."""
-    sch, packings = Schedule(program.mod), {}
+    """(``step_blocks``, ``packings``) from the program's one-step function (``Program.step``) and
+    its packed weights (``lowering.packing_function``), neither parsed from the program's text
+    (parsing LSTM (100,16,512) fp16's took 0.4-0.9 s of compiling it on a 2-core CPU machine)."""
+    sch, packings = Schedule(packing_function(program.plan, program.dtype, program.layout)), {}
     for i, gemm in enumerate(program.plan.gemms):
         if gemm.stage > 0:
             block = sch.get(sch.get_sblock(f"w_packed{i}"))
             packings[i] = [iv.var for iv in block.iter_vars], block.body.value
-    return _analyse_step(program, sch), packings
+    step = Schedule(tvm.IRModule({"main": copy.deepcopy(program.step)}))  # scheduled in place
+    return _analyse_step(program, step), packings
 
 
 def _analyse_step(program, sch: Schedule) -> list | None:
     H, B = program.cell.hidden_size, program.batch
-    inline_elementwise(sch, sch.get_sblock("step"))
+    root = sch.get_sblock("root")
+    inline_elementwise(sch, root)
     gemms = {g.name: g for g in program.plan.gemms}
-    for b in sch.get_child_blocks(sch.get_sblock("step")):  # a gathered operand (a concatenation of
+    for b in sch.get_child_blocks(root):  # a gathered operand (a concatenation of
         block = sch.get(b)                                   # states) staged from where they are
         if (block.name_hint.removesuffix("_operand") in gemms and block.name_hint.endswith("_operand")
                 and [int(iv.dom.extent) for iv in block.iter_vars] != [B, H] and not is_reduction(sch, b)):
             sch.compute_inline(b)
     state_views = [f"{s}_t" for s in program.cell.states]
     blocks, deferred = [], []
-    for b in sch.get_child_blocks(sch.get_sblock("step")):
+    apart = _named_apart(sch, root)
+    for b in sch.get_child_blocks(root):
         block = sch.get(b)
         ivs = [iv.var for iv in block.iter_vars]
-        store = block.body
+        store = apart(block.body)
         if block.name_hint in gemms:
             blocks, deferred = blocks + deferred, []
             gemm = gemms[block.name_hint]
@@ -171,6 +186,31 @@ def _analyse_step(program, sch: Schedule) -> list | None:
     if not any(isinstance(b, StepGemm) for b in blocks):
         return None  # nothing to keep on chip: the step loop runs it
     return [_simplified(b, B, H) if isinstance(b, RowMath) else b for b in blocks]
+
+
+def _named_apart(sch: Schedule, root):
+    """A function that gives a block's store of the step each buffer the step allocates under a name
+    another has too a name of its own, ``step_<the block that writes it>`` (te names many T_add; the
+    persistent kernel allocates and finds them by name)."""
+    allocated = list(sch.get(root).alloc_buffers)
+    names = [a.name for a in allocated] + [p.name for p in sch.mod["main"].params]
+    renamed = []
+    for b in sch.get_child_blocks(root):
+        node = sch.get(b)
+        written = node.writes[0].source
+        if names.count(written.name) > 1 and any(written.same_as(a) for a in allocated):
+            renamed.append((written, tirx.decl_buffer(written.shape, written.dtype, f"step_{node.name_hint}")))
+
+    def load(x):
+        new = next((n for old, n in renamed if x.source.same_as(old)), None)
+        return x if new is None else new[list(x.indices)]
+
+    def apart(store):
+        value = tvm_ffi.structural_map(store.value, (TensorLoad, load))
+        buffer = next((n for old, n in renamed if store.buffer.same_as(old)), store.buffer)
+        return tirx.BufferStore(buffer, value, list(store.indices))
+
+    return apart
 
 
 def _kept_gates(block, ivs, B: int, H: int) -> list[Elementwise] | None:

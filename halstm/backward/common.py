@@ -58,7 +58,7 @@ def over_all_rows(plan: Plan, T, B: int, dtype, layout, frame: Skeleton, loop: s
     """One step over all T*B rows; where T is any, the rows that choices are made for are
     ``NOMINAL_STEPS`` * B (the function's own follow ``STEPS``)."""
     rows = NOMINAL_STEPS * B if any_steps(T) else T * B
-    return Program(plan.cell, plan, 1, rows, dtype, layout, frame.source(loop), frame.args)
+    return Program(plan.cell, plan, 1, rows, dtype, layout, source=frame.source(loop), args=frame.args)
 
 
 def one_step(frame: Skeleton, body: tvm.tirx.PrimFunc) -> str:
