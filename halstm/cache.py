@@ -23,8 +23,8 @@ the forward's 1.76 s were 1.15 s of ``recipe.apply`` (0.7 s of it parsing the lo
 0.28 s of ``target.build`` and 0.09 s of lowering; the backward's 4.64 s, 2.44 s of scheduling
 and 2.05 s of building. Caching ``target.build`` alone would save 16% and 44%, so a hit skips
 scheduling and building both: it lowers and loads. The recipe, knobs and layout chosen for a
-program are kept beside the modules too (``decided``), since the persistent kernel's recipe chooses
-from the parsed program. It returns ``CachedCell`` / ``CachedBackward``: the loaded
+problem are kept beside the modules too (``decided``), so that a hit does not choose them again (the
+persistent kernel's recipe analyses the step's IR to choose). It returns ``CachedCell`` / ``CachedBackward``: the loaded
 functions with ``compile``'s ``program``, ``target``, ``recipe``, ``knobs`` and ``record``;
 ``schedule``/``schedules`` and the forward's ``module`` (which ``export`` needs: a loaded module
 cannot be exported again) are built on first access.
