@@ -147,6 +147,13 @@ class Problem:
     allow_tf32: bool = False  # fp32 GEMMs may run on tensor cores as TF32 (operands to 10 mantissa bits)
     keeps_results: bool = False  # the first stage's GEMM results of every step stay (``kept_results``)
 
+    def __getattr__(self, name: str):
+        if name in _LOWERED:
+            raise AttributeError(f"'{name}' is a lowered program's: a recipe's is_applicable, resolve, runs and "
+                                 f"layout get the problem before it is lowered (halstm.lowering.Problem: the cell, "
+                                 f"plan, sizes, dtype, options and the step as IR, problem.step)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @functools.cached_property
     def step(self) -> tvm.tirx.PrimFunc:
         """One step (``step_function``), which a recipe may read as IR without a whole program parsed."""
@@ -196,6 +203,9 @@ class Program(Problem):
         function it was given in place (TVM 0.27: a second ``recipe.apply`` of a backward's weights
         function then failed), 14-70 ms a copy."""
         return tvm.IRModule({"main": copy.deepcopy(self.func)})
+
+
+_LOWERED = ("source", "args", "func", "mod", "kept")  # what a Program has and a Problem has not
 
 
 def _step_layouts(plan: Plan, layout: PackedLayout) -> tuple:

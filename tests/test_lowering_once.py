@@ -62,3 +62,19 @@ def test_the_persistent_kernels_choice_parses_no_program(monkeypatch, cell, dtyp
     program = problem.lowered(lowering.PackedLayout(**choice["layout"]))
     assert program.layout.tf32x3 == (dtype == "float32") and program.step is problem.step
     assert calls["step"] == 1
+
+
+def test_a_recipe_that_reads_the_lowered_program_while_choosing_is_told_so():
+    """A recipe whose ``layout`` reads ``program.mod`` (the lowered program, which ``apply`` gets) is
+    told that it was given the problem, before lowering."""
+    from halstm.schedules import CpuStepLoop
+
+    class ReadsTheProgram(CpuStepLoop):
+        name = "reads-the-program"
+
+        def layout(self, program, target, knobs):
+            program.mod
+            return super().layout(program, target, knobs)
+
+    with pytest.raises(AttributeError, match="before it is lowered"):
+        halstm.compile(halstm.LSTM(8, 16), 3, 2, "float32", "cpu", recipe=ReadsTheProgram())
