@@ -149,21 +149,21 @@ def test_a_cached_cuda_backward_is_loaded_without_scheduling_its_functions(monke
 
 
 def test_lengths_out_of_range_and_mismatched_sequences_are_refused(monkeypatch, rng):
-    cell = halstm.LSTM(4, 4)
-    backward = compile_backward(cell, None, 1, database=False)
+    cell = halstm.LSTM(I, H)
+    backward = backward_for_any_length(halstm.LSTM)  # shared: its longest is patched for this test alone
     params = cell.init_parameters(seed=0)
-    seqs = {s: np.ones((4, 1, 4), np.float32) for s in cell.states}
+    seqs = {s: np.ones((4, B, H), np.float32) for s in cell.states}
     with pytest.raises(ValueError, match="0 steps"):
-        backward(np.ones((0, 1, 4), np.float32), params, seqs)
-    with pytest.raises(ValueError, match=r"seqs\['h'\].*\(3, 1, 4\)"):  # x of 2 steps, sequences of 3
-        backward(np.ones((2, 1, 4), np.float32), params, seqs)
+        backward(np.ones((0, B, I), np.float32), params, seqs)
+    with pytest.raises(ValueError, match=rf"seqs\['h'\].*\(3, {B}, {H}\)"):  # x of 2 steps, sequences of 3
+        backward(np.ones((2, B, I), np.float32), params, seqs)
     with pytest.raises(ValueError, match="rank 3"):
-        backward(np.ones((3, 4), np.float32), params, seqs)
+        backward(np.ones((3, I), np.float32), params, seqs)
     monkeypatch.setattr(backward, "longest", 3)  # without allocating that much
     with pytest.raises(ValueError, match="takes 1 to 3"):
-        backward(np.ones((4, 1, 4), np.float32), params, {s: np.ones((5, 1, 4), np.float32) for s in cell.states})
-    x, _, _, seqs, grads = problem(cell, 3, rng, 1)
-    assert backward(x, params, seqs, grads)[0].shape == (3, 1, 4)
+        backward(np.ones((4, B, I), np.float32), params, {s: np.ones((5, B, H), np.float32) for s in cell.states})
+    x, _, _, seqs, grads = problem(cell, 3, rng)
+    assert backward(x, params, seqs, grads)[0].shape == (3, B, I)
 
 
 DTYPES = {"float16": ("float16", False), "float32": ("float32", False), "tf32": ("float32", True)}
