@@ -354,27 +354,37 @@ def test_tensorize_is_probed_only_for_versions_not_tried(monkeypatch):
         cuda_tensorcore.tensorize_works.cache_clear()
 
 
-def test_a_round_spread_over_two_measuring_workers_measures_each_job_once(tmp_path):
+@pytest.fixture(scope="module")
+def two_measuring_workers():
+    """Two measuring workers, one a GPU they would see (CPU jobs leave it unused), started once for the
+    tests of the dispatch: each start imports TVM in a process of its own."""
+    from halstm.tuner_workers import Worker
+
+    with Worker(gpu="0") as first, Worker(gpu="1") as second:
+        yield first, second
+
+
+def test_a_round_spread_over_two_measuring_workers_measures_each_job_once(tmp_path, two_measuring_workers):
     """The dispatch that spreads a round over one measuring worker a GPU, with two CPU workers."""
     import numpy as np
 
     from halstm.oracle import reference
     from halstm.tuner import _inputs
-    from halstm.tuner_workers import Job, Worker, measure_jobs
+    from halstm.tuner_workers import Job, measure_jobs
 
     cell, target, recipe = halstm.GRU(8, 8), targets.resolve("cpu"), CpuStepLoop()
     x, params, states = _inputs(cell, 3, 2, "float32", np.random.default_rng(0))
     expected, _ = reference(cell, x, params, states)
     knobs = [{**recipe.defaults(lower(cell, 3, 2), target), "rows": r} for r in (1, 2, 4)]
     jobs = [Job(cell, 3, 2, "float32", target, recipe, k, (x, params, states), expected, 2) for k in knobs]
-    with Worker(gpu="0") as first, Worker(gpu="1") as second:  # CPU jobs: the GPUs they would see go unused
-        done = list(measure_jobs(jobs, [first, second], [], 60, lambda _: None, str(tmp_path), overlap=False))
+    first, second = two_measuring_workers
+    done = list(measure_jobs(jobs, [first, second], [], 60, lambda _: None, str(tmp_path), overlap=False))
     assert sorted(j.knobs["rows"] for j, *_ in done) == [1, 2, 4]
     assert all(ms is not None and error is None for _, ms, error, _ in done)
     assert {gpu for *_, gpu in done} == {"0", "1"}  # both took jobs
 
 
-def test_jobs_built_one_at_a_time_take_turns_on_the_measuring_workers(tmp_path):
+def test_jobs_built_one_at_a_time_take_turns_on_the_measuring_workers(tmp_path, two_measuring_workers):
     """Built by one compile process, jobs reach the measuring workers one at a time, each finding
     both free: they take turns (the first free one took them all before)."""
     import numpy as np
@@ -388,7 +398,8 @@ def test_jobs_built_one_at_a_time_take_turns_on_the_measuring_workers(tmp_path):
     expected, _ = reference(cell, x, params, states)
     knobs = [{**recipe.defaults(lower(cell, 3, 2), target), "rows": r} for r in (1, 2, 4, 8)]
     jobs = [Job(cell, 3, 2, "float32", target, recipe, k, (x, params, states), expected, 2) for k in knobs]
-    with Worker(gpu="0") as first, Worker(gpu="1") as second, Worker() as builder:
+    first, second = two_measuring_workers
+    with Worker() as builder:
         done = list(measure_jobs(jobs, [first, second], [builder], 60, lambda _: None, str(tmp_path), overlap=True))
     assert all(ms is not None and error is None for _, ms, error, _ in done)
     assert sorted(gpu for *_, gpu in done) == ["0", "0", "1", "1"]
