@@ -38,6 +38,8 @@ _ANSWER_LIMIT = 1 << 20
 # The worker's first lines, before it imports anything: '' (its working folder under -c) leaves the
 # import path, and its answers go on a copy of fd 1, fd 1 itself then writing to stderr, so that
 # nothing printed (by Python, or a C library writing to fd 1) can corrupt them.
+_READY = "ready"  # a worker's first message, once it has imported the compiler (``_serve``)
+_BOOT_LIMIT = 300  # seconds a worker may take to say it is ready before its first job's time starts anyway
 _BOOT = ("import os, sys; sys.path[:] = [p for p in sys.path if p]; answers = os.dup(1); os.dup2(2, 1); "
          "from halstm.tuner_workers import _serve; _serve(answers, cuda={cuda})")
 
@@ -126,6 +128,7 @@ class Worker:
         self.folder = tempfile.mkdtemp(prefix="halstm-worker-")
         self.process = subprocess.Popen([sys.executable, "-c", _BOOT.format(cuda=self.cuda)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env, cwd=self.folder)
+        self.booted = False
 
     def run(self, job, timeout: float, phase: str = "measure"):
         """Run ``phase`` of ``job``: its answer, or why it failed."""
@@ -134,7 +137,15 @@ class Worker:
 
     def send(self, job, phase: str) -> None:
         """Start ``phase`` ("measure", "build", or "runoff" of a list of jobs) of ``job``; ``answer``
-        waits for it."""
+        waits for it. The job's time starts once the worker has imported the compiler (it says so
+        first, ``_READY``): a new or restarted worker's imports took 10-12 s on a loaded 2-core
+        machine, where a candidate that compiles in seconds then timed out."""
+        if not self.booted:
+            try:
+                if select.select([self.process.stdout], [], [], _BOOT_LIMIT)[0]:
+                    self.booted = _receive(self.process.stdout, _ANSWER_LIMIT) == _READY
+            except (EOFError, OSError, ValueError):
+                pass  # a worker that died, said something else or did not start: answer() reports it
         self.started = time.monotonic()
         try:
             _send(self.process.stdin, (phase, job))
@@ -207,6 +218,7 @@ def _serve(answers: int, cuda: bool = False) -> None:
     from . import compiler, deploy  # noqa: F401
     if cuda:
         _create_cuda_context()
+    _send(stdout, _READY)
     while True:
         try:
             phase, job = _receive(stdin)

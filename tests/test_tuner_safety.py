@@ -82,6 +82,22 @@ def test_a_malformed_answer_fails_the_candidate_and_restarts_the_worker(answer):
         assert worker.process.poll() is None, "a fresh worker was started"
 
 
+def test_a_jobs_time_starts_once_its_worker_has_started(tmp_path):
+    """A worker that takes longer to import than a job's timeout still answers its first job: the
+    job's time starts when the worker says it is ready (a restarted worker's 10-12 s of imports on a
+    loaded 2-core machine timed out candidates that compile in seconds)."""
+    slow_start = ("import sys, time; time.sleep(3); "
+                  "from halstm.tuner_workers import _READY, _receive, _send; "
+                  "out = open(1, 'wb', closefd=False); _send(out, _READY); "
+                  "_receive(sys.stdin.buffer); _send(out, (1.5, None))")
+    with tuner_workers.Worker() as worker:
+        worker.close()
+        worker.process = subprocess.Popen([sys.executable, "-c", slow_start], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, cwd=tmp_path)
+        worker.booted = False
+        assert worker.run({"a job": 1}, timeout=1) == (1.5, None)
+
+
 @pytest.mark.parametrize("change, match", [
     ({"steps": 0}, "steps must be a positive integer, got 0"),
     ({"batch": -1}, "batch must be a positive integer, got -1"),
