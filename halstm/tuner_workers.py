@@ -35,11 +35,11 @@ TF32_TOLERANCE = 1e-2  # float32 with allow_tf32: 10 mantissa bits as fp16 has
 _HEADER = struct.Struct("<4sQ")
 _TAG = b"HLSM"
 _ANSWER_LIMIT = 1 << 20
+_READY = "ready"  # a worker's first message, once it has imported the compiler (``_serve``)
+_BOOT_LIMIT = 300  # seconds a worker may take to say it is ready before its first job's time starts anyway
 # The worker's first lines, before it imports anything: '' (its working folder under -c) leaves the
 # import path, and its answers go on a copy of fd 1, fd 1 itself then writing to stderr, so that
 # nothing printed (by Python, or a C library writing to fd 1) can corrupt them.
-_READY = "ready"  # a worker's first message, once it has imported the compiler (``_serve``)
-_BOOT_LIMIT = 300  # seconds a worker may take to say it is ready before its first job's time starts anyway
 _BOOT = ("import os, sys; sys.path[:] = [p for p in sys.path if p]; answers = os.dup(1); os.dup2(2, 1); "
          "from halstm.tuner_workers import _serve; _serve(answers, cuda={cuda})")
 
@@ -138,8 +138,9 @@ class Worker:
     def send(self, job, phase: str) -> None:
         """Start ``phase`` ("measure", "build", or "runoff" of a list of jobs) of ``job``; ``answer``
         waits for it. The job's time starts once the worker has imported the compiler (it says so
-        first, ``_READY``): a new or restarted worker's imports took 10-12 s on a loaded 2-core
-        machine, where a candidate that compiles in seconds then timed out."""
+        first, ``_READY``), which took 6.6-8.2 s on the 2-core CPU machine alone (``python -c "from
+        halstm import compiler, deploy"``) and more under load, where a candidate that compiles in
+        seconds then timed out at 30 s. While it waits, the other workers' answers wait too."""
         if not self.booted:
             try:
                 if select.select([self.process.stdout], [], [], _BOOT_LIMIT)[0]:
