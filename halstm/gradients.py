@@ -28,7 +28,7 @@ from .compiler import compile as compile_cell
 from .lowering import ACCUMULATE, Problem
 from .oracle import _Evaluator
 from .plan import make_plan
-from .runtime import Arg, HostBuffers, Pack, as_frame, check_array, check_names, on_cpu, steps_of
+from .runtime import Arg, Pack, ScratchPools, as_frame, check_array, check_names, on_cpu, steps_of
 from .scratch import lift_module
 
 
@@ -212,8 +212,8 @@ class CompiledBackward:
         return timed
 
     @functools.cached_property
-    def _host_buffers(self) -> HostBuffers:
-        return HostBuffers()
+    def _scratch_pools(self) -> ScratchPools:
+        return ScratchPools()
 
     def _bind(self, x, params: dict, seqs: dict, grads: dict | None, hoisted: dict | None, reuse: bool = False):
         """A call's buffers by slot (``_CallPlan``), the caller's arrays checked and shared, the rest
@@ -223,7 +223,8 @@ class CompiledBackward:
         210-220 us before the call plan (functions looked up each call, a dict of every argument,
         each buffer allocated on its own), 365-375 us where the module was built in the process
         (each lookup then goes through the module's import tree). With ``reuse``, on the CPU the
-        pack's buffers are one of ``_host_buffers``' allocations, which the call gives back."""
+        pack's buffers are one of ``_scratch_pools``' allocations (torch tensors), which the call
+        gives back."""
         T = self.steps_of(x)
         plan, dtype, B = self._plan_for(T), self.program.dtype, self.program.batch
         frame = as_frame(x, plan.device, plan.cpu)
@@ -239,7 +240,7 @@ class CompiledBackward:
         for slot, value in plan.numbers:  # T, T + 1: the sequence lengths of a backward for any T
             buffers[slot] = value
         missing = len(grads) < len(plan.state_names)  # then the pack's second buffer is zeroed too
-        pool = self._host_buffers if reuse and plan.cpu else None  # torch's CUDA allocator reuses its own
+        pool = self._scratch_pools.of(frame) if reuse else None
         for slot, value in zip(plan.scratch_slots, frame.new_all(plan.scratch, 2 if missing else 1, pool)):
             buffers[slot] = value
         for slot, arg in plan.results:

@@ -175,7 +175,7 @@ class _Sequence(torch.autograd.Function):
     step's host time, one layer, LSTM T=5 B=2 H=16 float32 on the 2-core CPU (``TVM_NUM_THREADS=1 python
     benchmarks/call_overhead.py LSTM 5,2,16 --training --reps 3000``): 337-391 us, 596-684 us through
     the ops, before the call plans (``SequenceFunction._plan_for``) and the reused scratch views
-    (``HostBuffers.views``) took 7-9 % off it (the two ways swapped in blocks of steps in one process)."""
+    (``ScratchPool.views``) took 7-9 % off it (the two ways swapped in blocks of steps in one process)."""
 
     @staticmethod
     def forward(ctx, key, count, keep, x, *tensors):

@@ -202,14 +202,14 @@ class SequenceFunction:
         return timed
 
     @functools.cached_property
-    def _host_buffers(self) -> HostBuffers:
-        return HostBuffers()
+    def _scratch_pools(self) -> ScratchPools:
+        return ScratchPools()
 
     def _bind(self, x, params: dict, states: dict | None, reuse: bool = False):
         """The call with its arguments checked and bound in order (outputs allocated), the function
         that returns the state sequences after it (its ``scratch``: the scratch buffers in order), and
-        the frame. With ``reuse``, on the CPU the scratch buffers are one of ``_host_buffers``'
-        allocations, which ``frame.release()`` gives back. A call's host time beyond the
+        the frame. With ``reuse``, the scratch buffers are one of ``_scratch_pools``' allocations
+        (torch tensors), which ``frame.release()`` gives back. A call's host time beyond the
         prepared call, torch tensors, LSTM T=2 B=2 H=8 on the 2-core CPU machine (``python
         benchmarks/call_overhead.py LSTM 2,2,8 float32 --device cpu --reps 5000``, three runs): 21.2-21.9
         us, 28.1-28.5 before the argument plan (``_slots``), the cached dtype names and the shares that
@@ -237,7 +237,7 @@ class SequenceFunction:
                 t = frame.new(arg, zeros=arg.role == "state")
                 outputs[arg.name] = t
             tensors.append(t)
-        scratch = frame.new_all(pack, reuse=self._host_buffers if reuse and self._cpu else None)
+        scratch = frame.new_all(pack, reuse=self._scratch_pools.of(frame) if reuse else None)
         tensors += scratch
 
         def finish():
@@ -261,13 +261,18 @@ def steps_of(x, batch: int, input_size: int, dtype: str, longest: int) -> int:
     return T
 
 
-class HostBuffers:
-    """Host allocations that the calls of one compiled function take in turn (``TorchFrame.new_all``):
-    torch's CPU allocator returns a large block to the system when it is freed, and each call's first
+class ScratchPool:
+    """Allocations of scratch buffers that the calls of one compiled function take in turn
+    (``TorchFrame.new_all``), with the views the last call laid out in one (``views``). On the CPU,
+    torch's allocator returns a large block to the system when it is freed, and each call's first
     writes into a new one fault its pages in again (``halstm.nn.LSTM`` float32 training steps on the
     2-core CPU machine, the backward's pack reused: (100,16,512) 215 -> 191 ms, (100,64,512) 763 ->
-    682 ms). At most ``KEPT`` are kept (calls from several threads take one each). The buffers the
-    last call laid out in one are kept with it (``views``)."""
+    682 ms). On a GPU a call saves the allocation and the views of each buffer (LSTM fp16
+    (100,16,512)'s backward, H200, ``benchmarks/call_overhead.py LSTM 100,16,512 float16 --device cuda
+    --backward``, alternating twice: 116-251 us a call beyond its kernels, 78-80 pooled); an
+    allocation is given back as soon as the call has launched its kernels, so a pool serves one CUDA
+    stream, whose next call runs after them (``ScratchPools``). At most ``KEPT`` are kept (calls from several
+    threads take one each)."""
 
     KEPT = 2
 
@@ -296,6 +301,22 @@ class HostBuffers:
         if last is None or last[0] is not flat or last[1] is not pack:
             last = self._laid_out = (flat, pack, lay_out(flat, pack))
         return last[2]
+
+
+class ScratchPools:
+    """A compiled function's ``ScratchPool``s, one for the host and one a CUDA stream its calls ran
+    on (``TorchFrame.pool_key``); none for a call made while a CUDA graph is captured (its buffers
+    then belong to the graph) or with NumPy arrays on a GPU."""
+
+    def __init__(self):
+        self._pools: dict = {}
+
+    def of(self, frame) -> ScratchPool | None:
+        key = frame.pool_key()
+        if key is None:
+            return None
+        pool = self._pools.get(key)
+        return pool if pool is not None else self._pools.setdefault(key, ScratchPool())
 
 
 class Pack:
@@ -379,11 +400,15 @@ class _NumpyFrame:
     def new(self, arg: Arg, zeros: bool):
         return new_array(arg, self.device, zeros)
 
-    def new_all(self, pack: Pack, zeros: int = 0, reuse: HostBuffers | None = None) -> list:
+    def new_all(self, pack: Pack, zeros: int = 0, reuse: ScratchPool | None = None) -> list:
         return [new_array(a, self.device, i < zeros) for i, a in enumerate(pack.args)]
 
     def release(self) -> None:
         pass
+
+    def pool_key(self):
+        """None: NumPy arrays' scratch buffers are allocated a call (``new_all``)."""
+        return None
 
     def result(self, tensor):
         return np.from_dlpack(tensor) if self.cpu and tensor.dtype != "bfloat16" else tensor.numpy()
@@ -418,7 +443,7 @@ class TorchFrame:
         make = torch.zeros if zeros else torch.empty
         return make(arg.shape, dtype=getattr(torch, arg.dtype), device=self.torch_device)
 
-    def new_all(self, pack: Pack, zeros: int = 0, reuse: HostBuffers | None = None) -> list:
+    def new_all(self, pack: Pack, zeros: int = 0, reuse: ScratchPool | None = None) -> list:
         """The pack's buffers, the first ``zeros`` of them zeros (one fill) and the rest uninitialised:
         views of one torch allocation (one call to the caching allocator, and one free when the last
         of them goes); with ``reuse``, one of its allocations where it has one large enough, given
@@ -440,6 +465,19 @@ class TorchFrame:
             start = -flat.data_ptr() % ALIGNMENT
             flat[start:start + pack.ends[zeros - 1]].zero_()
         return views
+
+    def pool_key(self):
+        """Which ``ScratchPool`` a call's scratch buffers come from: the host's, or on a GPU the current
+        CUDA stream's, whose next call runs after this one's kernels; None while a CUDA graph is
+        captured on it, and for tensors on a GPU other than the current one."""
+        import torch
+
+        device = self.torch_device
+        if device.type != "cuda":
+            return "cpu"
+        if device.index != torch.cuda.current_device() or torch.cuda.is_current_stream_capturing():
+            return None
+        return device.index, torch.cuda.current_stream(device).cuda_stream
 
     def release(self) -> None:
         """The allocation ``new_all`` took from its ``reuse``, given back."""

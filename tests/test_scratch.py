@@ -252,7 +252,7 @@ def test_calls_on_the_cpu_take_turns_with_one_host_allocation(rng):
         wx, wparams, _ = reference_backward(cell, x, params, states, grads)
         assert rel_err(dx.numpy(), wx) < TOLERANCE["float32"]
         assert all(rel_err(dparams[n].numpy(), w) < TOLERANCE["float32"] for n, w in wparams.items())
-        (flat,) = backward._host_buffers._free
+        (flat,) = backward._scratch_pools._pools["cpu"]._free
         held.append((flat.data_ptr(), flat.numel()))
         results.append((dx, wx))
     assert held[0] == held[1] == held[2] and held[3][1] > held[2][1]
