@@ -24,7 +24,7 @@ from tvm.tirx import IntImm
 from halstm.lowering import PackedLayout
 
 from .recipe import (Recipe, activations, child_blocks, divides, inline_elementwise, is_reduction,
-                     merge_next_states, reduces_columns, transposing_nest)
+                     merge_next_states, reduces_columns, reduces_rows, transposing_nest)
 
 
 class CpuStepLoop(Recipe):
@@ -74,6 +74,8 @@ class CpuStepLoop(Recipe):
         for block in merge_next_states(sch, sch.get_sblock(scope), others):
             if reduces_columns(sch, block):
                 column_sums(sch, block, target.lanes)
+            elif reduces_rows(sch, block, target.lanes):
+                row_sums(sch, block, target.lanes)
             elif not tiled_transpose(sch, block):
                 parallel_rows(sch, block, target.lanes)
 
@@ -136,6 +138,23 @@ def parallel_rows(sch: Schedule, block, lanes: int) -> None:
     inner = loops[-1]
     if len(loops) > 1 and not is_reduction(sch, block) and sch.get(inner).extent.value % lanes == 0:
         sch.vectorize(sch.split(inner, [None, lanes])[1])
+
+
+def row_sums(sch: Schedule, block, lanes: int) -> None:
+    """A sum along each row (a layer norm's mean and variance over a row's columns, sum over k of
+    f(r, k)): each row's columns in SIMD lanes, lane l summing columns l, l + lanes, ... (rfactor,
+    in registers), then the lanes added; rows across cores. A serial sum is a chain of dependent
+    adds: LayerNormGRU (100,1,256), four sums over 768 columns a step, on the 2-core CPU (both ways
+    compiled in one process and called in turn, fastest of 40, the cores shared with other work)
+    3.05 ms serial, 2.60 in lanes, LayerNormLSTM 5.20 / 4.47; in lanes each at its plain cell's
+    time (GRU 2.42, LSTM 4.37)."""
+    row, column = sch.get_loops(block)
+    _, lane = sch.split(column, [None, lanes])
+    partial = sch.rfactor(lane, factor_axis=1)
+    sch.vectorize(sch.get_loops(partial)[-1])
+    sch.reverse_compute_at(block, sch.get_loops(partial)[0])
+    sch.set_scope(partial, 0, "local")
+    sch.parallel(sch.get_loops(partial)[0])
 
 
 COLUMN_VECTORS = 4  # SIMD vectors of columns a column-sum task keeps in registers

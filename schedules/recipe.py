@@ -184,6 +184,21 @@ def reduces_columns(sch: Schedule, block) -> bool:
     return any(_strided(r, reduced[0]) for r in reads) and not any(_strided(r, spatial[0]) for r in reads)
 
 
+def reduces_rows(sch: Schedule, block, lanes: int) -> bool:
+    """Whether ``block`` sums along rows in whole SIMD vectors (a layer norm's statistics, sum over k of
+    f(r, k)): one spatial and one reduce loop, its extent a multiple of ``lanes``, and every read
+    that moves with the reduced variable moves along its last index only."""
+    iters = sch.get(block).iter_vars
+    reduced = [iv.var for iv in iters if iv.iter_type == IterVar.CommReduce]
+    loops = sch.get_loops(block)
+    if len(loops) != 2 or len(reduced) != 1 or len(iters) != 2:
+        return False
+    extent = sch.get(loops[1]).extent
+    if not isinstance(extent, IntImm) or int(extent) % lanes:
+        return False
+    return not any(_uses(r.min, reduced[0]) for read in sch.get(block).reads for r in read.region[:-1])
+
+
 def _strided(read, var) -> bool:
     """Whether ``read`` moves by whole rows as ``var`` does: ``var`` in an index but its last."""
     indices = [r.min for r in read.region]

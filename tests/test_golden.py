@@ -61,3 +61,9 @@ def test_cuda_step_loop_layer_norm_in_one_kernel_a_row(golden):
     """The step's layer norms (sums over a row) and elementwise math: one kernel, a block a row."""
     golden("cuda_step_loop_layernorm_gru",
            scheduled(CudaStepLoop(), halstm.LayerNormGRU(8, 16), 2, "float32", H100))
+
+
+def test_cpu_step_loop_layer_norm_sums_in_lanes(golden):
+    """The step's layer norms: each row's sums in SIMD lanes (``cpu.row_sums``: rfactor, a vector of
+    partial sums in registers), the lanes added after."""
+    golden("cpu_step_loop_layernorm_gru", scheduled(CpuStepLoop(), halstm.LayerNormGRU(8, 16), 2, "float32", CPU))
