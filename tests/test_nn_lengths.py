@@ -13,7 +13,8 @@ from halstm.nn import bucket, segments  # noqa: E402
 from conftest import representative  # noqa: E402
 from test_nn_inputs import PAIRS, as_tuple, flat, same, states  # noqa: E402
 
-I, H, T, B = 3, 4, 9, 12  # B > 8: calls over fewer rows than the batch (its buckets: 8 and 12 rows)
+H, T, B = 4, 9, 12  # B > 8: calls over fewer rows than the batch (its buckets: 8 and 12 rows)
+I = 2 * H  # the second layer's input width (two directions): every layer and direction one cell, compiled once
 
 
 def test_buckets_are_multiples_of_eight_up_to_the_batch_at_most_eight_sizes():
@@ -52,8 +53,9 @@ def _twins(ours, theirs):
     return module, reference
 
 
-# CI: LSTM (two states, the tuple hx); GRU runs the same segments with one state (slow: 30 s of compiles
-# on the 2-core CPU machine, a forward and a backward for each bucket of rows and input width)
+# CI: LSTM (two states, the tuple hx); GRU runs the same segments with one state (slow: its compiles, a
+# forward and a backward for each bucket of rows, took 30 s on the 2-core CPU machine when the layers'
+# input widths differed)
 @pytest.mark.parametrize("ours, theirs", representative(PAIRS, ["LSTM", "GRU"], ["LSTM"]))
 def test_each_sequence_stops_at_its_length_with_torch_packed_results_and_gradients(ours, theirs, monkeypatch):
     torch.manual_seed(1)
