@@ -15,6 +15,7 @@ from halstm.gradients import compile_backward, reversed_loop
 from halstm.lowering import lower
 from halstm.schedules import CpuStepLoop, Recipe
 from halstm.tuner import tune
+from test_tuner_safety import Chatty
 
 
 def test_interrupted_run_resumes_and_compile_uses_the_best(tmp_path):
@@ -171,13 +172,19 @@ class SlowToBuild(OnCpu):
 
 
 def test_a_cpu_candidate_is_timed_once_its_round_is_built(tmp_path):
-    """A CPU function runs on every core: the one built at once waits for the slow one's compile."""
+    """A CPU function runs on every core: the one built at once waits for the slow one's compile. The
+    cell writes to fd 1 as it is traced, in the builders too: their answers still arrive, every
+    candidate is recorded and the three are timed again side by side (test_tuner_safety's fd 1 test
+    with the compiles in builder processes, one tuning run for both)."""
+    db = Database(tmp_path / "db.jsonl")
     logged = []
-    tune(halstm.GRU(8, 8), 3, 2, database=tmp_path / "db.jsonl", recipes=[SlowToBuild()], trials=None,
-         log=logged.append, builders=2)
+    tune(Chatty(8, 8), 3, 2, database=db, recipes=[SlowToBuild()], trials=None, log=logged.append, builders=2)
     round_built = logged.index(next(line for line in logged if line.startswith("built [2/2]")))
     fast = logged.index(next(line for line in logged if "{'delay': 0.01}" in line and line.startswith("|")))
     assert fast > round_built, "\n".join(logged)
+    records = db.records()
+    assert [r.final for r in records] == [False] * 3 + [True] * 3, records
+    assert all(r.error is None for r in records), records
 
 
 def test_reader_survives_a_torn_last_line(tmp_path):
