@@ -51,8 +51,8 @@ def leaf(t):
     return t.clone().requires_grad_()
 
 
-# The tests share sizes (I=7, H=10, T=5, B=3), so that they share compiled functions: one per layer
-# input size (7 and 20), forward and backward.
+# The tests share sizes (I=20, H=10, T=5, B=3), so that they share compiled functions: I = 2H, the second
+# layer's input width (two directions), so that one cell a module (with bias) is compiled, forward and backward.
 @pytest.mark.parametrize("ours, theirs", PAIRS, ids=["LSTM", "GRU"])
 @pytest.mark.parametrize("config", [
     dict(num_layers=1),
@@ -60,8 +60,8 @@ def leaf(t):
     dict(num_layers=2, bidirectional=True, batch_first=True, bias=False),
 ], ids=["1-layer", "2-layer-bidirectional", "batch_first-no-bias"])
 def test_matches_torch(ours, theirs, config):
-    module, reference = twins(ours, theirs, input_size=7, hidden_size=10, **config)
-    shape = (3, 5, 7) if config.get("batch_first") else (5, 3, 7)
+    module, reference = twins(ours, theirs, input_size=20, hidden_size=10, **config)
+    shape = (3, 5, 20) if config.get("batch_first") else (5, 3, 20)
     x = torch.randn(shape)
     directions = 2 if config.get("bidirectional") else 1
     h0 = torch.randn(config["num_layers"] * directions, 3, 10)
@@ -77,9 +77,9 @@ def test_matches_torch(ours, theirs, config):
 
 @pytest.mark.parametrize("ours, theirs", PAIRS, ids=["LSTM", "GRU"])
 def test_packed_variable_lengths_match_torch(ours, theirs):
-    module, reference = twins(ours, theirs, input_size=7, hidden_size=10, num_layers=2, bidirectional=True)
+    module, reference = twins(ours, theirs, input_size=20, hidden_size=10, num_layers=2, bidirectional=True)
     lengths = torch.tensor([5, 2, 4])
-    x = torch.randn(5, 3, 7)
+    x = torch.randn(5, 3, 20)
     x1, x2 = leaf(x), leaf(x)
     y, final = module(pack_padded_sequence(x1, lengths, enforce_sorted=False))
     y_ref, final_ref = reference(pack_padded_sequence(x2, lengths, enforce_sorted=False))
@@ -106,8 +106,8 @@ def test_any_cell_runs_and_trains_as_a_module():
 
 
 def test_torch_compile_traces_around_the_op():
-    module = halstm.nn.GRU(7, 10, num_layers=2, bidirectional=True).eval()
-    x = torch.randn(5, 3, 7)
+    module = halstm.nn.GRU(20, 10, num_layers=2, bidirectional=True).eval()
+    x = torch.randn(5, 3, 20)
     compiled = torch.compile(module, backend="eager", fullgraph=True)
     with torch.no_grad():
         y, h = compiled(x)
@@ -117,8 +117,8 @@ def test_torch_compile_traces_around_the_op():
 
 def test_torch_compile_traces_the_backward():
     """AOT autograd traces the backward op through its fake implementation (aot_eager: no codegen)."""
-    module = halstm.nn.GRU(7, 10)
-    x = torch.randn(5, 3, 7)
+    module = halstm.nn.GRU(20, 10)
+    x = torch.randn(5, 3, 20)
     y, _ = torch.compile(module, backend="aot_eager", fullgraph=True)(x)
     y.sum().backward()
     grads = [p.grad.clone() for p in module.parameters()]
@@ -202,9 +202,9 @@ def test_tf32_training_matches_float64(ours, theirs):
 
 def test_allow_tf32_modules_compile_apart():
     """An allow_tf32 module and an exact one of the same cell never share compiled functions."""
-    exact, tf32 = halstm.nn.LSTM(7, 10), halstm.nn.LSTM(7, 10, allow_tf32=True)
+    exact, tf32 = halstm.nn.LSTM(20, 10), halstm.nn.LSTM(20, 10, allow_tf32=True)
     assert "allow_tf32=True" in repr(tf32) and "allow_tf32" not in repr(exact)
-    x = torch.randn(5, 3, 7)
+    x = torch.randn(5, 3, 20)
     tf32.load_state_dict(exact.state_dict())
     assert close(exact(x)[0], tf32(x)[0])  # the CPU has no TF32: both exact
     keys = {k[1] for k in halstm.nn._COMPILED}
