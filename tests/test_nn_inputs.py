@@ -11,7 +11,8 @@ import halstm.nn  # noqa: E402
 from conftest import rel_err  # noqa: E402
 
 PAIRS = [(halstm.nn.LSTM, torch.nn.LSTM), (halstm.nn.GRU, torch.nn.GRU)]
-I, H, T, B = 3, 4, 5, 3  # tiny: quick compiles, shared by the tests (B = 1 for unbatched input)
+H, T, B = 4, 5, 3  # tiny: quick compiles, shared by the tests (B = 1 for unbatched input)
+I = 2 * H  # the second layer's input width (two directions): every layer one cell, compiled once
 LAYERS = dict(num_layers=2, bidirectional=True)
 
 
@@ -148,11 +149,11 @@ def test_torch_compile_traces_lengths():
 
 
 # (input shape, hx shape (None: none given), lengths, the message expected); the module is a
-# 2-layer bidirectional LSTM or GRU with I = 3, H = 4, time-major.
+# 2-layer bidirectional LSTM or GRU with I = 8, H = 4, time-major.
 BAD = {
     "input-rank-4": ((T, B, 1, I), None, None, r"input: expected a 3-D batch or a 2-D sequence, got 4-D"),
     "input-rank-1": ((I,), None, None, r"input: expected a 3-D batch or a 2-D sequence, got 1-D"),
-    "input-size": ((T, B, I + 2), None, None, r"expected 3 features \(input_size\) .*got 5"),
+    "input-size": ((T, B, I + 2), None, None, r"expected 8 features \(input_size\) .*got 10"),
     "no-steps": ((0, B, I), None, None, r"expected a sequence length of at least 1, got 0"),
     "hx-batch": ((T, B, I), (4, B + 1, H), None, r"hx\['h'\]: expected shape \(4, 3, 4\) .*got \(4, 4, 4\)"),
     "hx-hidden": ((T, B, I), (4, B, H + 1), None, r"hx\['h'\]: expected shape \(4, 3, 4\) .*got \(4, 3, 5\)"),
