@@ -27,7 +27,7 @@ from tvm.s_tir import Schedule
 
 import halstm
 from halstm import targets
-from halstm.lowering import PackedLayout
+from halstm.layout import PackedLayout
 from halstm.schedules import CpuStepLoop, Recipe
 from halstm.schedules.cpu import parallel_rows
 from halstm.schedules.recipe import child_blocks, inline_elementwise, merge_next_states

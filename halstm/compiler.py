@@ -12,7 +12,8 @@ from halstm import schedules, targets
 
 from .cell import BUILD_LOCK, Cell, check_cell
 from .database import Database, Record, best, nearest_steps, tuning_key
-from .lowering import PackedLayout, Problem, Program
+from .layout import PackedLayout
+from .lowering import Problem, Program
 from .plan import make_plan
 from .runtime import SequenceFunction, Signature
 from .scratch import lift_module

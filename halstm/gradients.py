@@ -25,7 +25,8 @@ from .backward import BackwardProgram, lower_backward
 from .cell import Cell, placeholders, trace
 from .compiler import check_problem, serialised
 from .compiler import compile as compile_cell
-from .lowering import ACCUMULATE, Problem
+from .layout import ACCUMULATE
+from .lowering import Problem
 from .oracle import _Evaluator
 from .plan import make_plan
 from .runtime import Arg, Pack, ScratchPools, as_frame, check_array, check_names, on_cpu, steps_of

@@ -31,8 +31,9 @@ from tvm import te
 
 from .cell import upstream
 from .diagonal import split_affine
-from .lowering import (ACCUMULATE, Program, indent, prim_func_of, script_body, sequence_rows, skeleton,
-                       steps_var, stored_as, trace_step, view_script)
+from .layout import ACCUMULATE
+from .lowering import (Program, indent, prim_func_of, script_body, sequence_rows, skeleton, steps_var,
+                       stored_as, trace_step, view_script)
 from .runtime import STEPS
 
 # The chunks' products, partial scans and carries. MinGRU at T = 65536 with a from 1 - 6e-6 (a state

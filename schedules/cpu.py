@@ -21,7 +21,7 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 from tvm.tirx import IntImm
 
-from halstm.lowering import PackedLayout
+from halstm.layout import PackedLayout
 
 from .recipe import (Recipe, activations, child_blocks, divides, inline_elementwise, is_reduction,
                      merge_next_states, reduces_columns, reduces_rows, transposing_nest)

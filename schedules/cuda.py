@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from tvm.s_tir import Schedule
 
-from halstm.lowering import PackedLayout
+from halstm.layout import PackedLayout
 
 from .cuda_blocks import (bind_column_reduction, bind_lanes, bind_reduction, bind_row_copy, column_slice,
                           schedule_transpose)

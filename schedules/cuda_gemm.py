@@ -178,7 +178,7 @@ def tf32_gemms(program, step: bool = False) -> bool:
 
 
 def split_tf32(knobs: dict, program, target, hoisted_only: bool = False) -> bool:
-    """Whether exact float32 GEMMs run as three TF32 products each (``lowering.tf32_split``): no
+    """Whether exact float32 GEMMs run as three TF32 products each (``layout.tf32_split``): no
     allow_tf32, and every GEMM, hoisted and step (with ``hoisted_only``, hoisted), on TF32 wgmma.
     H100, T=100, whole calls, FFMA / three TF32 products (one process): LSTM (100,256,1024)
     15.525 / 7.050 ms, (100,64,2048) 21.910 / 12.004, GRU (100,64,1024) 6.138 / 4.139; relative

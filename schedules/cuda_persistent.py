@@ -80,7 +80,7 @@ from __future__ import annotations
 import tvm
 from tvm.s_tir import Schedule
 
-from halstm.lowering import PackedLayout
+from halstm.layout import PackedLayout
 
 from .cuda import CudaStepLoop
 from .cuda_blocks import bind_flat, schedule_transpose

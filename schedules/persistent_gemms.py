@@ -27,7 +27,7 @@ class StepGemms:
 
     def load_weights(self, g: BlockGemm) -> None:
         """Columns k-contiguous: w_s[c * stride + k], zeros past K and past C (the columns padded to
-        whole fragments), read where they are (the value ``lowering.stacked`` packs: the parameter
+        whole fragments), read where they are (the value ``layout.stacked`` packs: the parameter
         (N, K) itself for a GEMM of one matmul), k fastest: coalesced."""
         (k_iv, n_iv), weight = packings(self.p)[g.index]
 

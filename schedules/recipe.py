@@ -13,7 +13,7 @@ from tvm import tirx
 from tvm.tirx import IntImm, IterVar
 from tvm.tirx.analysis import undefined_vars
 
-from halstm.lowering import PackedLayout
+from halstm.layout import PackedLayout
 from halstm.ops import same_extent
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import tvm
 from tvm.s_tir import Schedule
 
-from halstm.lowering import PackedLayout
+from halstm.layout import PackedLayout
 from halstm.scan import fuses, scan_source
 
 from .cpu import CpuStepLoop

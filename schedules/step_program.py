@@ -17,7 +17,7 @@ from tvm.tirx import IterVar
 from tvm.ir import TensorLoad
 from tvm.s_tir import Schedule
 
-from halstm.lowering import packing_function
+from halstm.layout import packing_function
 from halstm.plan import Gemm
 
 from .recipe import inline_elementwise, is_reduction
@@ -122,7 +122,7 @@ def _analysis(program):
 
 def _analyse(program):
     """(``step_blocks``, ``packings``) from the program's one-step function (``Program.step``) and
-    its packed weights (``lowering.packing_function``), neither parsed from the program's text:
+    its packed weights (``layout.packing_function``), neither parsed from the program's text:
     choosing LSTM fp16 (100,16,512)'s recipe took 0.40-0.60 s with the program lowered and parsed,
     0.05-0.06 s without (the 2-core CPU machine, a fresh process each, alternating)."""
     sch, packings = Schedule(packing_function(program.plan, program.dtype, program.layout)), {}

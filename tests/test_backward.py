@@ -227,7 +227,7 @@ def test_backward_in_the_k_major_layout_matches_float64(cell_type, rng, monkeypa
     """The backward's operands packed (N, K), as allow_tf32 keeps them for TF32 wgmma (which reads
     no other layout), run on the CPU: its packings in that layout, and the weight gradients' operands
     rounded to TF32, against float64 (transposed packings were off by 1.4 in dx)."""
-    from halstm.lowering import PackedLayout
+    from halstm.layout import PackedLayout
     from halstm.schedules import CpuStepLoop
 
     cell, x, params, states, gy, finals = problem(cell_type, rng)

@@ -16,7 +16,7 @@ import tvm
 
 import halstm
 from halstm import schedules
-from halstm.lowering import PackedLayout
+from halstm.layout import PackedLayout
 from halstm.schedules import CudaPersistent, CudaStepLoop
 from halstm.schedules.cuda_ffma import hoisted_tile, step_tile
 from halstm.schedules.cuda_gemm import hoisted_tensor_core_tile, on_wgmma, step_tensor_core_tile

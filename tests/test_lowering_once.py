@@ -7,6 +7,7 @@ from conftest import random_inputs, rel_err
 
 import halstm
 from halstm import compiler, lowering
+from halstm.layout import PackedLayout
 from halstm.plan import make_plan
 from halstm.targets import CudaTarget
 
@@ -59,7 +60,7 @@ def test_the_persistent_kernels_choice_parses_no_program(monkeypatch, cell, dtyp
     choice = compiler._choose(problem, H100, None, None, None)
     assert choice["recipe"] == "cuda-persistent"
     assert calls == {"lower": [], "step": 1, "parsed": 0}
-    program = problem.lowered(lowering.PackedLayout(**choice["layout"]))
+    program = problem.lowered(PackedLayout(**choice["layout"]))
     assert program.layout.tf32x3 == (dtype == "float32") and program.step is problem.step
     assert calls["step"] == 1
 

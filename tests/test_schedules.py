@@ -6,7 +6,7 @@ import tvm
 import halstm
 from conftest import random_inputs, rel_err
 from halstm.compiler import signature
-from halstm.lowering import PackedLayout
+from halstm.layout import PackedLayout
 from halstm.runtime import SequenceFunction
 from halstm.schedules import CpuStepLoop, recipes_for
 from halstm.schedules.recipe import is_reduction

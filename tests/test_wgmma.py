@@ -13,7 +13,7 @@ from tvm.s_tir import Schedule
 import halstm
 from conftest import TF32_TOLERANCE, TOLERANCE, assert_nvcc_compiles, gpu_available, random_inputs, rel_err, upcast
 from halstm.gradients import reference_backward
-from halstm.lowering import PackedLayout
+from halstm.layout import PackedLayout
 from halstm.schedules import CudaPersistent, CudaStepLoop
 from halstm.schedules.cuda_gemm import on_wgmma
 from halstm.schedules.cuda_persistent import prologue_knobs

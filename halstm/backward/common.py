@@ -9,18 +9,8 @@ import tvm
 from tvm import te
 
 from ..cell import Cell
-from ..lowering import (
-    ACCUMULATE,
-    NOMINAL_STEPS,
-    PackedLayout,
-    Program,
-    Skeleton,
-    hoisted_rows,
-    indent,
-    script_body,
-    stacked,
-    tf32_big,
-)
+from ..layout import ACCUMULATE, PackedLayout, stacked, tf32_big
+from ..lowering import NOMINAL_STEPS, Program, Skeleton, hoisted_rows, indent, script_body
 from ..plan import Gemm, Plan
 from ..runtime import STEPS, Arg
 from .plan import BackwardPlan

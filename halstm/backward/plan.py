@@ -10,7 +10,8 @@ from tvm import te
 
 from ..adjoint import AdjointCell
 from ..cell import Cell, upstream
-from ..lowering import PackedLayout, trace_step
+from ..layout import PackedLayout
+from ..lowering import trace_step
 from ..plan import Gemm, Plan, make_plan
 
 

@@ -9,19 +9,9 @@ import tvm
 from tvm import te
 
 from ..cell import placeholders
-from ..lowering import (
-    ACCUMULATE,
-    PackedLayout,
-    Program,
-    Skeleton,
-    padded_rows,
-    prim_func_of,
-    script_body,
-    stacked,
-    trace_hoisted,
-    trace_step,
-    view_script,
-)
+from ..layout import ACCUMULATE, PackedLayout, stacked
+from ..lowering import (Program, Skeleton, padded_rows, prim_func_of, script_body, trace_hoisted, trace_step,
+                        view_script)
 from ..runtime import Arg
 from ..scratch import dimension_of
 from .common import (

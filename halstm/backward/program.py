@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 
 from ..adjoint import AdjointCell
 from ..cell import Cell
-from ..lowering import INT32_ELEMENTS, ROW_QUANTUM, PackedLayout, Program, steps_var
+from ..layout import PackedLayout
+from ..lowering import INT32_ELEMENTS, ROW_QUANTUM, Program, steps_var
 from ..plan import Plan, make_plan
 from ..runtime import Arg
 from .plan import BackwardPlan

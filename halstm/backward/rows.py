@@ -12,19 +12,9 @@ from tvm import te
 from ..adjoint import zeros
 from ..autodiff import adjoints, derive, rebuild
 from ..cell import placeholders
-from ..lowering import (
-    ACCUMULATE,
-    PackedLayout,
-    Program,
-    Skeleton,
-    packed_gemm,
-    prim_func_of,
-    script_body,
-    stored_as,
-    trace_hoisted,
-    trace_step,
-    view_script,
-)
+from ..layout import ACCUMULATE, PackedLayout, packed_gemm
+from ..lowering import (Program, Skeleton, prim_func_of, script_body, stored_as, trace_hoisted, trace_step,
+                        view_script)
 from ..plan import Gemm
 from ..runtime import Arg
 from .common import (

@@ -11,21 +11,9 @@ from tvm import te
 
 from ..autodiff import adjoints
 from ..cell import placeholders
-from ..lowering import (
-    ACCUMULATE,
-    PackedLayout,
-    Program,
-    Skeleton,
-    indent,
-    packed_gemm,
-    padded_rows,
-    prim_func_of,
-    script_body,
-    stored_as,
-    trace_hoisted,
-    view_script,
-    zero_past,
-)
+from ..layout import ACCUMULATE, PackedLayout, packed_gemm
+from ..lowering import (Program, Skeleton, indent, padded_rows, prim_func_of, script_body, stored_as,
+                        trace_hoisted, view_script, zero_past)
 from ..plan import Plan
 from ..runtime import Arg
 from .common import (
@@ -199,7 +187,7 @@ def _distinct(tensors: dict) -> list:
 
 
 def _weight_gemm(operand: te.Tensor, packed: te.Tensor, layout: PackedLayout, rows: int, name: str) -> te.Tensor:
-    """A weight gradient's GEMM (``lowering.packed_gemm``), its K the T*B rows: symbolic where T is any."""
+    """A weight gradient's GEMM (``layout.packed_gemm``), its K the T*B rows: symbolic where T is any."""
     depth = operand.shape[1]
     if isinstance(depth, tvm.tirx.IntImm):
         return packed_gemm(operand, packed, layout, rows, name)

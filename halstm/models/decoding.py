@@ -27,8 +27,8 @@ from halstm import targets
 from halstm.schedules.decode import recipe_for
 
 from ..cell import Params, upstream
-from ..lowering import (ACCUMULATE, PackedLayout, Skeleton, columns_of, indent, packed_gemm, packed_weights,
-                        prim_func_of, script_body, stored_as, view_script)
+from ..layout import ACCUMULATE, PackedLayout, columns_of, packed_gemm, packed_weights
+from ..lowering import Skeleton, indent, prim_func_of, script_body, stored_as, view_script
 from ..ops import CONCAT_TAG, argmax, concat, tracing
 from ..plan import Gemm, Matmul, Plan
 from ..runtime import Arg, Pack, check_array, check_names, as_frame, new_array
