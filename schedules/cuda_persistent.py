@@ -38,21 +38,16 @@ initial states into the sequences. Then per step and stage:
                           the step (knob "poll_states"), none: the next step's staging waits for
                           the state values themselves (``PersistentKernel.polled``)
 
-Measured (H100, T=100, docs/results.md#where-the-time-goes): the first kernel, one output a thread walking all of K
-with a global load of h per multiply-add, took 17-24 us a step at B=16, H=512 (cuDNN fp32 20.5, fp16
-2.8); the register tile 6.1 us (fp32); fp16 on tensor cores 3.5 us, and at B=64, H=1024
-7.6 us a step for the kernel itself (ncu). What is left at B=16 is a chain of latencies:
-the grid sync, the operand's L2 round trip, the __syncthreads, the elementwise math's global loads.
-Prefetching the states that math reads at the block's units (LSTM's c) with the input projection
-measured no faster: that load is not on the critical path. At B=256, H=1024
-fp16 the weights take 132 of the 227 KB and the operand streams from global memory:
-2.78-2.89 ms at T=100 against cuDNN's 1.75-2.26, its 8 warps a SM mostly waiting on global loads (ncu:
-64 % of the stalls on L1TEX); a deeper ring of fragments in flight was no faster. The grid as one thread
-block cluster of at most 16 blocks, h pushed into every block's shared memory and a cluster barrier a
-step (commit 280b8a4), was 1.1-1.7x slower (H200): at B=16, H=512 its step GEMM on
-16 SMs alone took as long as this kernel's whole exchange of h through L2. Where a step has several
-GEMMs (the backward's reversed loop, a GEMM a gate's adjoint, each polling its state), each stages
-and multiplies before the next polls: staging all four first, their polls in flight together, was
+What a step's time is at B=16 is a chain of latencies: the exchange of h through L2, the
+__syncthreads, the elementwise math's global loads (``benchmarks/step_phases.py`` stamps each phase;
+docs/results.md#where-the-time-goes). At B=256, H=1024 fp16 the weights take 132 of the 227 KB and
+the operand streams from global memory, its 8 warps a SM mostly waiting on global loads; there the
+step loop runs instead (``preferred``). The choices measured against their alternatives, and those
+tried and not kept (h exchanged through a thread block cluster's shared memory among them), are in
+docs/results.md#design-choices-measured.
+
+Where a step has several GEMMs (the backward's reversed loop, a GEMM a gate's adjoint, each polling
+its state), each stages and multiplies before the next polls: staging all four first, their polls in flight together, was
 slower (H200, fp16, LSTM's reversed loop of T=100, whole calls, ms, one after the other / together:
 B=16, H=512 0.52-0.53 / 0.65-0.69, B=8 0.43 / 0.53-0.57; B=1 0.34 / 0.35-0.37 on FFMA), and so was
 polling them one after another before the GEMMs (0.75-0.84 at B=16): a GEMM between the polls
@@ -67,12 +62,9 @@ its elementwise math (``inline_elementwise``), and each block's expression is re
 block's units. The prologue, the hoisted input GEMM (and its weights' packing) alone
 (``lowering.skeleton(hoisted_only=True)``), keeps the step-loop recipe's schedule, but for the hoisted
 GEMM's tensor-core fragments (knob tc_hoisted_frags); in exact float32 on Hopper that GEMM runs as
-three TF32 products on wgmma (``CudaPersistent.layout``). The step's weight packing and the copies of
-the initial states, kernels of their own before (three at LSTM: W_hh's packing, h's and c's copies), took
-5-14 % of a prepared call at T=100, B <= 16 (H100, prepared ms, before / now: LSTM fp16 (100,16,512)
-0.236, 0.223 / 0.207, 0.208; (100,8,512) 0.232, 0.229 / 0.199, 0.200; GRU fp16 (100,16,512) 0.208,
-0.203 / 0.192, 0.192; LSTM fp32 (100,1,256) 0.169 / 0.157, 0.156; at (1024,16,768) no change, 2.464,
-2.514 / 2.475, 2.456).
+three TF32 products on wgmma (``CudaPersistent.layout``). The step's weights are read from the
+parameters where they lie and the kernel copies the initial states itself: an LSTM call is three
+kernels (the hoisted GEMM's weights packed, that GEMM, this kernel).
 """
 
 from __future__ import annotations
