@@ -38,7 +38,7 @@ initial states into the sequences. Then per step and stage:
                           the step (knob "poll_states"), none: the next step's staging waits for
                           the state values themselves (``PersistentKernel.polled``)
 
-What a step's time is at B=16 is a chain of latencies: the exchange of h through L2, the
+At B=16 a step's time is a chain of latencies: the exchange of h through L2, the
 __syncthreads, the elementwise math's global loads (``benchmarks/step_phases.py`` stamps each phase;
 docs/results.md#where-the-time-goes). At B=256, H=1024 fp16 the weights take 132 of the 227 KB and
 the operand streams from global memory, its 8 warps a SM mostly waiting on global loads; there the
