@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 import halstm.deploy as deploy
-from halstm.runtime import numpy_dtype
+from halstm.frames import numpy_dtype
 
 
 # relative norm error against float64 (DEVELOPERS.md)

@@ -29,7 +29,8 @@ from .layout import ACCUMULATE
 from .lowering import Problem
 from .oracle import _Evaluator
 from .plan import make_plan
-from .runtime import Arg, Pack, ScratchPools, as_frame, check_array, check_names, on_cpu, steps_of
+from .frames import as_frame, check_array, check_names, on_cpu, Pack, ScratchPools
+from .runtime import Arg, steps_of
 from .scratch import lift_module
 
 

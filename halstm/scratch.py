@@ -8,7 +8,7 @@ after the CUDA runtime began unloading; TVM 0.27's ``cudaFree`` check then throw
 destructor and the process aborts (``cudaErrorCudartUnloading``, seen at exit under torchrun).
 
 ``lift`` makes each such buffer a parameter of its function, after the others (role "scratch");
-the runtime allocates them with the call's results (``runtime.Pack``: one allocation a call). A
+the runtime allocates them with the call's results (``frames.Pack``: one allocation a call). A
 function for any sequence length has buffers whose rows follow T (``(T * B + 127) // 128 * 128``
 rows of a padded GEMM): their dimensions are kept as expressions of T (``Dim``), which a call
 evaluates for its own T and which an export's sidecar stores as JSON.

@@ -258,7 +258,7 @@ def _distance(a: dict, b: dict) -> int:
 
 
 def _inputs(cell, steps, batch, dtype, rng):
-    from .runtime import numpy_dtype
+    from .frames import numpy_dtype
 
     cast = numpy_dtype(dtype)
     x = rng.standard_normal((steps, batch, cell.input_size)).astype(cast)

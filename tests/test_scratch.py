@@ -18,7 +18,8 @@ from tvm.script import tirx as T
 import halstm
 from halstm import deploy
 from halstm.gradients import compile_backward, reference_backward
-from halstm.runtime import Arg, Pack, dimension
+from halstm.frames import Pack
+from halstm.runtime import Arg, dimension
 from halstm.scratch import lift
 from halstm.targets import CpuTarget, CudaTarget
 

@@ -1,4 +1,4 @@
-"""A compiled function's scratch buffers on a GPU (``runtime.ScratchPools``): a call gives its
+"""A compiled function's scratch buffers on a GPU (``frames.ScratchPools``): a call gives its
 allocation back once it has launched its kernels, so the next call on the same CUDA stream takes it;
 a call on another stream, or one captured in a CUDA graph, must not."""
 
@@ -7,7 +7,7 @@ import pytest
 
 import halstm
 from conftest import TOLERANCE, random_inputs, rel_err
-from halstm.runtime import TorchFrame
+from halstm.frames import TorchFrame
 
 torch = pytest.importorskip("torch")
 

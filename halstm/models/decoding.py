@@ -31,7 +31,8 @@ from ..layout import ACCUMULATE, PackedLayout, columns_of, packed_gemm, packed_w
 from ..lowering import Skeleton, indent, prim_func_of, script_body, stored_as, view_script
 from ..ops import CONCAT_TAG, argmax, concat, tracing
 from ..plan import Gemm, Matmul, Plan
-from ..runtime import Arg, Pack, check_array, check_names, as_frame, new_array
+from ..frames import as_frame, check_array, check_names, new_array, Pack
+from ..runtime import Arg
 from ..scratch import lift_module
 
 FLOAT = "float32"

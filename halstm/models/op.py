@@ -9,7 +9,8 @@ import tvm
 from tvm import te
 
 from halstm import targets
-from halstm.runtime import Arg, check_array, TorchFrame
+from halstm.frames import check_array, TorchFrame
+from halstm.runtime import Arg
 from halstm.scratch import lift_module
 
 
