@@ -37,10 +37,10 @@ from .cuda_blocks import (bind_column_reduction, bind_lanes, bind_reduction, bin
 from .cuda_epilogue import epilogue_units, fuse_epilogue
 from .cuda_ffma import hoisted_tile, step_tile
 from .cuda_gemm import (PIPELINED_K_BYTES, PIPELINED_K_TILES, STEP_K_BYTES, STEP_WARPS_M, STEP_WIDE_COLUMNS,
-                        hoisted_tensor_core_tile, on_wgmma, pipelined_defaults, rows_and_gemms, schedule_gemm,
-                        split_tf32, step_split_k, step_tensor_core_tile, step_tiles_fit, tf32_gemms,
-                        use_tensor_cores)
+                        hoisted_tensor_core_tile, on_wgmma, pipelined_defaults, rows_and_gemms, split_tf32,
+                        step_split_k, step_tensor_core_tile, step_tiles_fit, tf32_gemms, use_tensor_cores)
 from .cuda_tensorcore import BYTES, tensor_cores_available
+from .gemm_rules import schedule_gemm
 from .recipe import (Recipe, child_blocks, copies_rows, inline_elementwise, is_pure_copy, is_reduction,
                      merge_next_states, reduces_columns)
 from .row_kernel import schedule_rows

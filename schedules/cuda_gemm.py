@@ -1,25 +1,15 @@
-"""Which schedule and tile each GEMM of the CUDA step loop gets: tensor cores or FFMA cores
-(``use_tensor_cores``), wgmma on Hopper (``on_wgmma``) or WMMA, float32 as TF32 or as three TF32
-products (``tf32_gemms``, ``split_tf32``), the tensor-core tiles of the hoisted GEMM and the step's
-and their pipelined defaults; ``schedule_gemm`` schedules a GEMM so (wgmma.py, cuda_tensorcore.py,
-or the FFMA tile of cuda_ffma.py). The persistent kernel asks the same questions of its hoisted
-GEMMs.
+"""The questions a CUDA GEMM's schedule asks of the problem and the knobs: tensor cores or FFMA
+cores (``use_tensor_cores``), wgmma on Hopper (``on_wgmma``, ``gemm_wgmma_tile``) or WMMA, float32 as
+TF32 or as three TF32 products (``tf32_gemms``, ``split_tf32``), the tensor-core tiles of the
+hoisted GEMM and the step's and their pipelined defaults. ``gemm_rules.py`` schedules a GEMM block
+by them; the recipes ask them to choose their defaults and layouts (the persistent kernel of its
+hoisted GEMMs).
 """
 
 from __future__ import annotations
 
-import copy
-from dataclasses import replace
-
-from tvm.error import InternalError
-from tvm.s_tir import Schedule
-from tvm.s_tir.schedule import ScheduleError
-from tvm.tirx import IntImm
-
-from .cuda_ffma import GemmTile, gemm_tiled, hoisted_tile, step_tile
-from .cuda_tensorcore import BYTES, TensorCoreTile, fetches_its_operand, gemm_tensorcore, tensor_cores_available
-from .recipe import divides, in_k_slices, is_pure_copy
-from .wgmma import ROW_BYTES, WgmmaTile, gemm_wgmma, wgmma_available, wgmma_tile
+from .cuda_tensorcore import BYTES, TensorCoreTile, tensor_cores_available
+from .wgmma import ROW_BYTES, WgmmaTile, wgmma_available, wgmma_tile
 
 # the step GEMM uses tensor cores from one full 16-row fragment up: below, most of each mma_sync
 # would multiply padding rows, and the FFMA tile at small B is bound by latency, not arithmetic
@@ -128,7 +118,7 @@ def on_wgmma(knobs: dict, program, target, step: bool = False) -> bool:
 def _on_wgmma(knobs: dict, program, target, step: bool, tf32: bool) -> bool:
     rows, gemms = rows_and_gemms(program, step)
     return (use_tensor_cores(knobs, program, target, rows if step else None, tf32)
-            and all(_wgmma_tile(knobs, program, target, rows, g.rows, g.depth, step, tf32) for g in gemms))
+            and all(gemm_wgmma_tile(knobs, program, target, rows, g.rows, g.depth, step, tf32) for g in gemms))
 
 
 # the most K slices of a step GEMM (PackedLayout.split_k), and the fewest K tiles a slice keeps
@@ -196,7 +186,7 @@ def rows_and_gemms(program, step: bool) -> tuple[int, list]:
     return program.nominal_steps * program.batch, program.plan.hoisted
 
 
-def _wgmma_tile(knobs: dict, program, target, rows: int, cols: int, depth: int, step: bool,
+def gemm_wgmma_tile(knobs: dict, program, target, rows: int, cols: int, depth: int, step: bool,
                 tf32: bool) -> WgmmaTile | None:
     """The wgmma tile of a rows x cols x depth GEMM (a step's with ``step``) where the knob is on,
     the target and dtype have wgmma (float32 where ``tf32``) and the tile (wgmma_hoisted,
@@ -219,78 +209,3 @@ def use_tensor_cores(knobs: dict, program, target, step_rows: int | None = None,
     tf32 = tf32_gemms(program, step_rows is not None) if tf32 is None else tf32
     return (knobs["tensor_cores"] and tensor_cores_available(program.dtype, target, tf32)
             and (step_rows is None or step_rows >= TENSOR_CORE_MIN_ROWS))
-
-
-def schedule_gemm(sch: Schedule, block, knobs: dict, program, target, step: bool, views=()) -> None:
-    """The hoisted GEMM (T x B rows) or the step's (B rows) on tensor cores where
-    ``use_tensor_cores`` allows: wgmma's where it applies (``_wgmma_tile``, ``gemm_wgmma``), else
-    WMMA's where the tile can fetch its operand; else the FFMA tile."""
-    rows = rows_and_gemms(program, step)[0]
-    sliced = in_k_slices(sch, block)
-    # symbolic extents (the backward's functions for any T): rows go to tensor cores where the tile's rows
-    # divide them for every T (``_divides_rows``); a symbolic K (the weight gradients' over T*B rows,
-    # padded) where the K tile divides it, else to FFMA
-    m, n, k = (sch.get(loop).extent for loop in sch.get_loops(block)[-3:])
-    if use_tensor_cores(knobs, program, target, rows if step else None):
-        cols = int(n)
-        m_rows = int(m) if isinstance(m, IntImm) else rows  # a GEMM's own M (a weight gradient's)
-        wgmma = _wgmma_tile(knobs, program, target, m_rows, cols, k, step, tf32_gemms(program, step))
-        if wgmma is not None and _divides_rows(m, wgmma.bm) and gemm_wgmma(sch, block, wgmma, program.dtype):
-            return
-        if step:
-            tile = step_tensor_core_tile(knobs, rows, cols, target)
-        else:
-            tile = hoisted_tensor_core_tile(knobs).for_rows(rows)
-        if (not sliced and _divides_rows(m, tile.bm) and _divides_rows(k, tile.bk)
-                and fetches_its_operand(sch, block, tile, program.dtype)
-                and _schedules(gemm_tensorcore, sch, block, tile, program.dtype)):
-            gemm_tensorcore(sch, block, tile, program.dtype)
-            return
-    if sliced:  # off wgmma (an operand it does not read, which step_split_k cannot foresee)
-        _sliced_by_threads(sch, block, knobs["threads"])
-        return
-    tile = step_tile(knobs, program.batch) if step else hoisted_tile(knobs)
-    gemm_tiled(sch, block, tile if _divides_rows(m, tile.bm) else _row_tile_dividing(tile, m), views)
-
-
-def _sliced_by_threads(sch: Schedule, block, threads: int) -> None:
-    """A GEMM in K slices (s, b, n, k) without a tiled schedule: a thread an output of a slice, its
-    sum in a register, a state's copy read where it is (the recipe leaves those to the GEMM)."""
-    for producer in sch.get_producers(block):
-        if is_pure_copy(sch, producer):
-            sch.compute_inline(producer)
-    s, b, n, _ = sch.get_loops(block)[-4:]
-    outer, inner = sch.split(sch.fuse(s, b, n), [None, threads])
-    sch.bind(outer, "blockIdx.x")
-    sch.bind(inner, "threadIdx.x")
-    sch.reverse_compute_at(sch.cache_write(block, 0, "local"), inner)
-
-
-def _divides_rows(rows, bm: int) -> bool:
-    """Whether a tile of ``bm`` rows serves a GEMM of ``rows`` rows (or K): any number of them, or where they are
-    symbolic (n_steps * B, any T), a multiple of ``bm`` for every T (a predicated tile fails in TVM 0.27)."""
-    return isinstance(rows, IntImm) or divides(rows, bm)
-
-
-def _row_tile_dividing(tile: GemmTile, rows) -> GemmTile:
-    """``tile`` with the most rows, a power of two, that divide symbolic ``rows`` for every T (the
-    backward's GEMMs over n_steps * B rows: B's largest power-of-two factor, up to the tile's)."""
-    bm = tile.bm
-    while bm > 1 and not divides(rows, bm):
-        bm //= 2
-    return replace(tile, bm=bm, tm=min(tile.tm, bm))
-
-
-def _schedules(schedule, sch: Schedule, block, *args) -> bool:
-    """Whether ``schedule(sch, block, *args)`` succeeds, tried on a schedule of ``sch``'s module as it
-    stands (``Schedule.copy`` failed inside TVM on some states): WMMA's padding of a GEMM can leave
-    its scope no stage pipeline, and the shared fetch's ``compute_at`` then fails (the reversed loop
-    of a cell with a layer norm and clamps, fp16, B=16, H=32), and ``tensorize`` can fail a check
-    inside TVM where K is symbolic (the weight gradients' GEMM of GRU's hoisted gates for any T,
-    fp16, B=4, H=32): FFMA serves those."""
-    trial = Schedule(copy.deepcopy(sch.mod))  # a schedule may rewrite the module it is given in place
-    try:
-        schedule(trial, trial.get_sblock(sch.get(block).name_hint), *args)
-    except (ScheduleError, InternalError):
-        return False
-    return True

@@ -77,8 +77,9 @@ from halstm.layout import PackedLayout
 from .cuda import CudaStepLoop
 from .cuda_blocks import bind_flat, schedule_transpose
 from .cuda_epilogue import epilogue_units
-from .cuda_gemm import hoisted_tensor_core_tile, on_wgmma, schedule_gemm, split_tf32, use_tensor_cores
+from .cuda_gemm import hoisted_tensor_core_tile, on_wgmma, split_tf32, use_tensor_cores
 from .cuda_tensorcore import BYTES, tensor_cores_available
+from .gemm_rules import schedule_gemm
 from .block_gemm import VECTOR
 from .persistent_kernel import PROLOGUE_KNOBS, PersistentKernel
 from .step_program import Reduction, per_program, step_blocks

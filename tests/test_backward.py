@@ -341,7 +341,7 @@ GENERATES_IN_CI = ["LSTM-fp16-B16", "LayerNormLSTM-fp16-B16", "GatedNormRNN-fp16
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 # GatedNormRNN: its reversed loop's fp16 GEMM, on WMMA, left the scope no stage pipeline (ScheduleError;
-# cuda_gemm._schedules now tries WMMA first and falls back to FFMA)
+# gemm_rules.WmmaGemm tries WMMA on a copy first, and FfmaGemm takes the GEMM)
 @pytest.mark.parametrize("cell_type, dtype, batch, hidden", representative(GENERATES, GENERATES_IDS, GENERATES_IN_CI))
 def test_backward_generates_cuda(cell_type, dtype, batch, hidden, tmp_path):
     """The CUDA step-loop recipe schedules the backward's functions; nvcc compiles them. In fp16 at

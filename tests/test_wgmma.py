@@ -407,9 +407,9 @@ def test_a_step_gemm_in_k_slices_off_wgmma_sums_a_slice_a_thread(monkeypatch, rn
     of one slice, the state's copy read in place: the kernel, run in Python as TVM lowers it (the
     CUDA emulator), against NumPy."""
     from cuda_emulator import run_kernel
-    from halstm.schedules import cuda_gemm
+    from halstm.schedules import gemm_rules
 
-    monkeypatch.setattr(cuda_gemm, "gemm_wgmma", lambda *args: False)
+    monkeypatch.setattr(gemm_rules, "gemm_wgmma", lambda *args: False)
     T, B, I, H = 2, 4, 8, 16
     program = halstm.lower(halstm.LSTM(I, H), T, B, "float32", layout=PackedLayout(k_major=True, split_k=2))
     sch = CudaStepLoop().apply(program, H100, tensor_cores=False)
