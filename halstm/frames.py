@@ -32,8 +32,8 @@ class ScratchPool:
     (100,16,512)'s backward, H200, ``benchmarks/call_overhead.py LSTM 100,16,512 float16 --device cuda
     --backward``, alternating twice: 116-251 us a call beyond its kernels, 78-80 pooled); an
     allocation is given back as soon as the call has launched its kernels, so a pool serves one CUDA
-    stream, whose next call runs after them (``ScratchPools``). At most ``KEPT`` are kept (calls from several
-    threads take one each)."""
+    stream, whose next call runs after them (``ScratchPools``). At most ``KEPT`` are kept (calls
+    from several threads take one each)."""
 
     KEPT = 2
 
@@ -67,7 +67,7 @@ class ScratchPool:
 class ScratchPools:
     """A compiled function's ``ScratchPool``s, one for the host and one a CUDA stream its calls ran
     on (``TorchFrame.pool_key``); none for a call made while a CUDA graph is captured (its buffers
-    then belong to the graph) or with NumPy arrays on a GPU."""
+    then belong to the graph) or with NumPy arrays (TVM allocates those a call)."""
 
     def __init__(self):
         self._pools: dict = {}
