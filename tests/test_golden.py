@@ -3,7 +3,7 @@ checks are elsewhere): a change to lowering or to a schedule shows as a diff of 
 Regenerate with ``pytest tests/test_golden.py --update-golden`` and review the diff."""
 
 import halstm
-from halstm.schedules import CpuStepLoop, CudaPersistent, CudaStepLoop
+from halstm.schedules import CpuScan, CpuStepLoop, CudaPersistent, CudaScan, CudaStepLoop
 from halstm.schedules.cuda_tensorcore import tensorize_works
 from halstm.targets import CpuTarget, CudaTarget
 
@@ -15,15 +15,15 @@ A100 = CudaTarget("sm_80", sms=108)
 TENSORIZE = "Schedule.tensorize does not work with this apache-tvm-ffi: pin 0.1.14.post0"
 
 
-def scheduled(recipe, cell, batch, dtype, target, knobs=None):
+def scheduled(recipe, cell, batch, dtype, target, knobs=None, steps=STEPS):
     """The module ``recipe`` makes of ``cell``, as ``halstm.compile`` schedules it: lowered in the
     recipe's weight layout for its knobs (defaults but ``knobs``)."""
-    program = halstm.lower(cell, STEPS, batch, dtype)
+    program = halstm.lower(cell, steps, batch, dtype)
     assert recipe.is_applicable(program, target)
     knobs = recipe.resolve(program, target, knobs)
     layout = recipe.layout(program, target, knobs)
     if layout != program.layout:
-        program = halstm.lower(cell, STEPS, batch, dtype, layout=layout)
+        program = halstm.lower(cell, steps, batch, dtype, layout=layout)
     return recipe.apply(program, target, **knobs).mod
 
 
@@ -67,3 +67,16 @@ def test_cpu_step_loop_layer_norm_sums_in_lanes(golden):
     """The step's layer norms: each row's sums in SIMD lanes (``cpu.row_sums``: rfactor, a vector of
     partial sums in registers), the lanes added after."""
     golden("cpu_step_loop_layernorm_gru", scheduled(CpuStepLoop(), halstm.LayerNormGRU(8, 16), 2, "float32", CPU))
+
+
+MIN_GRU = halstm.MinGRU(8, 16)
+
+
+def test_cpu_scan_in_chunks(golden):
+    """A diagonal cell's scan: the coefficients over all rows, then chunks of 64 steps scanned in
+    parallel, their carries, and the chunks' second pass (T=80: a whole chunk and a part)."""
+    golden("cpu_scan_mingru", scheduled(CpuScan(), MIN_GRU, 2, "float32", CPU, {"chunk": 64}, steps=80))
+
+
+def test_cuda_scan_in_chunks(golden):
+    golden("cuda_scan_mingru", scheduled(CudaScan(), MIN_GRU, 2, "float32", H100, {"chunk": 32}, steps=40))
