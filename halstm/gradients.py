@@ -25,11 +25,11 @@ from .backward import BackwardProgram, lower_backward
 from .cell import Cell, placeholders, trace
 from .compiler import check_problem, serialised
 from .compiler import compile as compile_cell
+from .frames import Pack, ScratchPools, as_frame, check_array, check_names, on_cpu
 from .layout import ACCUMULATE
 from .lowering import Problem
 from .oracle import _Evaluator
 from .plan import make_plan
-from .frames import as_frame, check_array, check_names, on_cpu, Pack, ScratchPools
 from .runtime import Arg, steps_of
 from .scratch import lift_module
 
@@ -224,9 +224,9 @@ class CompiledBackward:
         CPU machine (``python benchmarks/call_overhead.py LSTM 5,2,16 --backward --reps 3000``): 105-120 us;
         210-220 us before the call plan (functions looked up each call, a dict of every argument,
         each buffer allocated on its own), 365-375 us where the module was built in the process
-        (each lookup then goes through the module's import tree). With ``reuse``, on the CPU the
-        pack's buffers are one of ``_scratch_pools``' allocations (torch tensors), which the call
-        gives back."""
+        (each lookup then goes through the module's import tree). With ``reuse``, the pack's buffers
+        are one of ``_scratch_pools``' allocations (torch tensors: the host's, or the CUDA stream's),
+        which the call gives back."""
         T = self.steps_of(x)
         plan, dtype, B = self._plan_for(T), self.program.dtype, self.program.batch
         frame = as_frame(x, plan.device, plan.cpu)

@@ -13,6 +13,7 @@ tile (``cuda_ffma.py``). The knobs that size each are the recipe's (``cuda.py``'
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass, replace
 
 from tvm.error import InternalError
@@ -54,7 +55,10 @@ class GemmBlock:
         return cls(sch, block, knobs, program, target, step, tuple(views), rows_and_gemms(program, step)[0], m, n, k,
                    in_k_slices(sch, block))
 
+    @functools.cached_property
     def on_tensor_cores(self) -> bool:
+        """Whether the knobs, the target and the dtype put this GEMM on tensor cores (asked by both
+        tensor-core rules, answered once)."""
         return use_tensor_cores(self.knobs, self.program, self.target, self.rows if self.step else None)
 
 
@@ -63,7 +67,7 @@ class WgmmaGemm:
     divides its rows."""
 
     def choose(self, g: GemmBlock):
-        if not g.on_tensor_cores():
+        if not g.on_tensor_cores:
             return None
         m_rows = int(g.m) if isinstance(g.m, IntImm) else g.rows  # a GEMM's own M (a weight gradient's)
         tile = gemm_wgmma_tile(g.knobs, g.program, g.target, m_rows, int(g.n), g.k, g.step, tf32_gemms(g.program, g.step))
@@ -78,7 +82,7 @@ class WmmaGemm:
     copy first: ``_schedules``); not a GEMM in K slices."""
 
     def choose(self, g: GemmBlock):
-        if g.sliced or not g.on_tensor_cores():
+        if g.sliced or not g.on_tensor_cores:
             return None
         if g.step:
             tile = step_tensor_core_tile(g.knobs, g.rows, int(g.n), g.target)
