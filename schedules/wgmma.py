@@ -118,14 +118,17 @@ def wgmma_available(dtype: str, target, allow_tf32: bool = False) -> bool:
 
 
 LONG_K = 2048  # a GEMM's K from which two warpgroups by 256 columns pay off at one wave of blocks
+# Where K is long, a block of one warpgroup by 128 columns does a quarter of a wide block's work in
+# this fraction of its time (H200, fp16, 3072 x 1024 x 25600: 384 such blocks in 317 us, 96 wide in 270)
+NARROW_BLOCK_TIME = 0.39
 
 
 def wgmma_tile(rows: int, cols: int, target, depth=None) -> WgmmaTile:
     """The fastest tile measured for the shape's kind (H100). Where two warpgroups by 256
-    columns make four waves of blocks or more (the hoisted GEMM over all T*B rows), or one wave
-    where K (``depth``: a number, or an expression in a function's sequence length, whose rows it
-    sums) is long (the backward's GEMMs over all rows): that tile, four stages, one wgmma group in
-    flight (573 us at 25600 x 4096 x 1024; 128 columns in five stages 577, without the group in
+    columns make four waves of blocks or more (the hoisted GEMM over all T*B rows), or, where K
+    (``depth``: a number, or an expression in a function's sequence length, whose rows it sums) is
+    long (the backward's GEMMs over all rows), fewer waves than the narrow tile's weighed by
+    NARROW_BLOCK_TIME: that tile, four stages, one wgmma group in flight (573 us at 25600 x 4096 x 1024; 128 columns in five stages 577, without the group in
     flight 626-638). A step's few rows: one warpgroup, 128 columns in six stages (10.5 us at 256 x
     4096 x 1024, 128 blocks) or, where that leaves half the SMs idle, 64 columns in four (11.1 us at
     64 x 8192 x 2048 against 11.7). With 8-byte stores: 387 against 422 us hoisted, a step's 7.3
@@ -134,13 +137,17 @@ def wgmma_tile(rows: int, cols: int, target, depth=None) -> WgmmaTile:
     fp16, us, two warpgroups by 256 against one by 128 (``benchmarks/gemm_tiles.py``; cuBLAS):
     4096 x 1024 x 6400 (a weight gradient, B = 64) 78 against 109 (69), 6400 x 1024 x 4096 (its
     operand's) 99 against 122 (78), 4096 x 1024 x 25600 296 against 431 (265); TF32 143 against 213
-    (131); at 2048 x 512 x 1600 (32 blocks) 20.3 against 8.3."""
+    (131); at 2048 x 512 x 1600 (32 blocks) 20.3 against 8.3; GRU's, 3072 x 1024 x 6400 (96 wide
+    blocks) 73 against 82, TF32 138 against 160, 1536 x 1024 x 6400 (48) 70 against 52."""
     wide = WgmmaTile(2, 256, 4, True) if cols % 256 == 0 else WgmmaTile(2, 128, 5, True)
-    long = _long(depth)
-    if cols % wide.bn == 0 and wide.blocks(rows, cols) >= (0.9 if long else 4) * target.sms:
-        return wide
     step = WgmmaTile(1, 128, 6, True)
-    return step if cols % 128 == 0 and 2 * step.blocks(rows, cols) > target.sms else WgmmaTile(1, 64, 4, False)
+    narrow = step if cols % 128 == 0 and 2 * step.blocks(rows, cols) > target.sms else WgmmaTile(1, 64, 4, False)
+    if cols % wide.bn:
+        return narrow
+    if _long(depth):  # the fewer waves of blocks, each narrow one NARROW_BLOCK_TIME of a wide one's
+        waves = lambda tile: -(-tile.blocks(rows, cols) // target.sms)
+        return wide if waves(wide) <= NARROW_BLOCK_TIME * waves(narrow) else narrow
+    return wide if wide.blocks(rows, cols) >= 4 * target.sms else narrow
 
 
 def _long(depth) -> bool:

@@ -96,6 +96,9 @@ def test_tiles_follow_the_measured_shapes():
     rows = tirx.Var("n_steps", "int32") * 64  # a function's rows for any T
     assert wgmma_tile(4096, 1024, H100, depth=rows) == WgmmaTile(2, 256, 4, True)
     assert wgmma_tile(2048, 512, H100, depth=1600) == WgmmaTile(1, 128, 6, True)  # 32 wide blocks
+    # a long K: the fewer waves, a narrow block's weighed as NARROW_BLOCK_TIME of a wide one's
+    assert wgmma_tile(3072, 1024, H100, depth=6400) == WgmmaTile(2, 256, 4, True)  # 1 wave against 3
+    assert wgmma_tile(1536, 1024, H100, depth=6400) == WgmmaTile(1, 128, 6, True)  # 1 wave against 2
     assert not WgmmaTile(1, 128, 6, True).fits(4096, 1000, "float16", H100)  # K not whole tiles
     assert not WgmmaTile(2, 256, 6, True).fits(4096, 1024, "float16", H100)  # 288 KiB of shared memory
 
