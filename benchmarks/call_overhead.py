@@ -117,6 +117,11 @@ def training(a, cell, target, f, x, states, sync):
           f"kernels {us['kernels']:.1f} us, beyond them {us['halstm'] - us['kernels']:.1f} us"
           + (f"; torch.nn.{a.cell} {us['torch']:.1f} us" if "torch" in us else ""))
     profiled(steps["halstm"], a.reps, sync)
+    if a.device == "cuda":
+        timeline(steps["halstm"], grad=True)
+        if twin:
+            print(f"torch.nn.{a.cell}:")
+            timeline(step(twin(H, H, device=a.device, dtype=x.dtype)), grad=True)
 
 
 def profiled(call, reps, sync):
@@ -137,24 +142,29 @@ def cudnn_call(name, H, dt, x, params, states):
     return lambda: mod(x, hx)
 
 
-def timeline(call):
-    """One call's kernels as the device ran them, in us from the call's start on the host: where the
-    device waits on the host, and how long each kernel takes."""
+def timeline(call, grad: bool = False):
+    """One call's kernels as the device ran them, in us from the call's start on the host, each after
+    the host's launch of it (``launched``): where the device waits on the host, and how long each
+    kernel takes. ``grad``: with autograd recording (a training step), else under no_grad."""
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.no_grad():
+    recording = torch.enable_grad if grad else torch.no_grad
+    with recording():
         call()
     torch.cuda.synchronize()
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with recording(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         with torch.profiler.record_function("call"):
             call()
         torch.cuda.synchronize()
     events = prof.events()
     start = next(e for e in events if e.name == "call" and e.device_type.name == "CPU").time_range.start
+    launches = sorted(e.time_range.start for e in events
+                      if e.device_type.name == "CPU" and ("Launch" in e.name or e.name.startswith("cudaMemcpy")))
     kernels = sorted((e for e in events if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
-    print("device timeline of one call (us after the call began on the host):")
-    for e in kernels:
-        print(f"  {e.time_range.start - start:9.1f} +{e.time_range.elapsed_us():8.1f}  {e.name[:70]}")
+    print("device timeline of one call (us after the call began on the host; launched: the host's n-th launch):")
+    for n, e in enumerate(kernels):
+        launched = f"{launches[n] - start:9.1f}" if n < len(launches) else " " * 9
+        print(f"  {e.time_range.start - start:9.1f} +{e.time_range.elapsed_us():8.1f}  launched {launched}  {e.name[:60]}")
 
 
 if __name__ == "__main__":
