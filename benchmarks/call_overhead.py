@@ -160,7 +160,8 @@ def timeline(call, grad: bool = False):
     start = next(e for e in events if e.name == "call" and e.device_type.name == "CPU").time_range.start
     launches = sorted(e.time_range.start for e in events
                       if e.device_type.name == "CPU" and ("Launch" in e.name or e.name.startswith("cudaMemcpy")))
-    kernels = sorted((e for e in events if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    kernels = sorted((e for e in events if e.device_type.name == "CUDA" and e.name != "call"),  # its range's mirror
+                     key=lambda e: e.time_range.start)
     print("device timeline of one call (us after the call began on the host; launched: the host's n-th launch):")
     for n, e in enumerate(kernels):
         launched = f"{launches[n] - start:9.1f}" if n < len(launches) else " " * 9
