@@ -12,7 +12,8 @@ fp32 is a fair test: every next state is bounded (an activation, a convex mix or
 update) and adds a part of a matmul of x, so that it never decays to zero either; B*H >= 2, since in
 a single number a sum that cancels by chance puts fp32's own rounding past 1e-5 (about one draw in
 200). Seeds are fixed, inputs fresh (``rng``); a failure prints the cell's source.
-``HALSTM_FUZZ_SEEDS=N`` runs forward seeds 0..N-1 and N // 3 backward seeds instead of 12 and 4.
+``HALSTM_FUZZ_SEEDS=N`` runs forward seeds 0..N-1 and N // 3 backward seeds instead of 12 and 4 (CI
+leaves out backward seed 1006, whose paths the other backward seeds take: it is marked slow).
 """
 
 import os
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from conftest import TOLERANCE, random_inputs, rel_err, upcast
+from conftest import TOLERANCE, random_inputs, rel_err, representative, upcast
 
 import halstm
 from halstm import ops
@@ -319,7 +320,15 @@ def test_random_cell_matches_float64(seed, rng):
     check_forward(generate(seed), rng)
 
 
-@pytest.mark.parametrize("seed", range(BACKWARD_OFFSET, BACKWARD_OFFSET + SEEDS // 3), ids=lambda s: f"seed{s}")
+BACKWARD_SEEDS = range(BACKWARD_OFFSET, BACKWARD_OFFSET + SEEDS // 3)
+# CI: every backward seed but 1006 (two hoisted GEMMs, one of them of tanh(x), and two step GEMMs), which
+# repeats the paths of 1005 (a combined step GEMM over a state that is not the output) and 1007 (three
+# stages, a hoisted GEMM of tanh(x)) (slow); 1008 is the step without a GEMM (three states)
+BACKWARD_IN_CI = {f"seed{s}" for s in BACKWARD_SEEDS} - {"seed1006"}
+
+
+@pytest.mark.parametrize("seed", representative([(s,) for s in BACKWARD_SEEDS], [f"seed{s}" for s in BACKWARD_SEEDS],
+                                                BACKWARD_IN_CI))
 def test_random_cell_backward_matches_torch_autograd(seed, rng, request):
     fuzzed = generate(seed, differentiable=True)
     if reads_a_hoisted_matmul(fuzzed.cell()):
