@@ -210,15 +210,23 @@ def test_backward_scans_its_reversed_loop(device, rng, monkeypatch):
         assert rel_err(mine.cpu().numpy(), want.numpy()) < TOLERANCE["float32"]
 
 
+SCAN_BUILDS = [(c, *setting) for c in (halstm.MinGRU, halstm.SRU)
+               for setting in ((64, "float32", 16), (64, "bfloat16", 0), (None, "float16", 16))]
+SCAN_BUILD_IDS = [f"{c.__name__}-T{steps or 'any'}-{dtype}-{f'chunk{chunk}' if chunk else 'serial'}"
+                  for c, steps, dtype, chunk in SCAN_BUILDS]
+# CI: each setting once, each cell in it: SRU (a state derived from the scanned one) chunked at T=64 and
+# any T, MinGRU serial; a setting's other cell repeats its path with other math (slow)
+SCAN_BUILDS_IN_CI = ["SRU-T64-float32-chunk16", "MinGRU-T64-bfloat16-serial", "SRU-Tany-float16-chunk16"]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-@pytest.mark.parametrize("cell_type", [halstm.MinGRU, halstm.SRU], ids=lambda c: c.__name__)
-def test_cuda_scan_compiles_for_h100(cell_type, tmp_path):
+@pytest.mark.parametrize("cell_type, steps, dtype, chunk", representative(SCAN_BUILDS, SCAN_BUILD_IDS, SCAN_BUILDS_IN_CI))
+def test_cuda_scan_compiles_for_h100(cell_type, steps, dtype, chunk, tmp_path):
     """Serial, chunked and for any T: TVM lowers each and nvcc compiles its CUDA source for an H100
     (run on a GPU below)."""
-    for steps, dtype, chunk in ((64, "float32", 16), (64, "bfloat16", 0), (None, "float16", 16)):
-        f = halstm.compile(cell_type(32, 32), steps, 4, dtype, H100, recipe="cuda-scan", knobs={"chunk": chunk})
-        assert f.recipe.name == "cuda-scan"
-        assert_nvcc_compiles(f.module.mod.imports[0].inspect_source(), tmp_path)
+    f = halstm.compile(cell_type(32, 32), steps, 4, dtype, H100, recipe="cuda-scan", knobs={"chunk": chunk})
+    assert f.recipe.name == "cuda-scan"
+    assert_nvcc_compiles(f.module.mod.imports[0].inspect_source(), tmp_path)
 
 
 @pytest.mark.gpu
