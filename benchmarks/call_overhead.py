@@ -14,7 +14,8 @@ With --training, a training step of the cell's one-layer ``halstm.nn`` module (`
 y.backward(dy)``, x a leaf that requires its gradient) against its kernels alone (the forward's and
 the backward's prepared calls, taken in turn with the steps), then torch.nn's LSTM/GRU step (cuDNN
 on a GPU; timed apart: on the CPU its thread pool and TVM's slow each other down when they take
-turns) and the halstm step under cProfile. At tiny shapes on the CPU the step is mostly host time:
+turns), each step's host time by phase (``host_phases``), the halstm step under cProfile and, on a
+GPU, one step's device timeline beside the host's launches and autograd's nodes. At tiny shapes on the CPU the step is mostly host time:
 
     python benchmarks/call_overhead.py LSTM 5,2,16 --training --reps 3000
 
@@ -28,6 +29,8 @@ import cProfile
 import functools
 import json
 import pstats
+import statistics
+import time
 
 import torch
 
@@ -116,12 +119,34 @@ def training(a, cell, target, f, x, states, sync):
     print(f"training step of halstm.nn {a.cell} T={T} B={B} H={H} {a.dtype} on {a.device}: {us['halstm']:.1f} us, "
           f"kernels {us['kernels']:.1f} us, beyond them {us['halstm'] - us['kernels']:.1f} us"
           + (f"; torch.nn.{a.cell} {us['torch']:.1f} us" if "torch" in us else ""))
+    host_phases("halstm", model, xs, dy, a.reps, sync)
+    if twin:
+        host_phases(f"torch.nn.{a.cell}", twin(H, H, device=a.device, dtype=x.dtype), xs, dy, a.reps, sync)
     profiled(steps["halstm"], a.reps, sync)
     if a.device == "cuda":
         timeline(steps["halstm"], grad=True)
         if twin:
             print(f"torch.nn.{a.cell}:")
             timeline(step(twin(H, H, device=a.device, dtype=x.dtype)), grad=True)
+
+
+def host_phases(name, model, x, dy, reps, sync):
+    """Where a training step's wall time goes on the host, medians of ``reps`` steps: the forward's
+    call, the backward's (``y.backward``, autograd's engine included), and the wait for the device
+    after both returned (the device's work the host's did not cover)."""
+    times = []
+    for i in range(reps + 10):
+        sync()
+        start = time.perf_counter()
+        y, _ = model(x)
+        forward = time.perf_counter()
+        y.backward(dy)
+        backward = time.perf_counter()
+        sync()
+        if i >= 10:
+            times.append((forward - start, backward - forward, time.perf_counter() - backward))
+    us = [1e6 * statistics.median(t) for t in zip(*times)]
+    print(f"{name} host: forward {us[0]:.0f} us, backward {us[1]:.0f} us, then the device's wait {us[2]:.0f} us")
 
 
 def profiled(call, reps, sync):
@@ -166,6 +191,12 @@ def timeline(call, grad: bool = False):
     for n, e in enumerate(kernels):
         launched = f"{launches[n] - start:9.1f}" if n < len(launches) else " " * 9
         print(f"  {e.time_range.start - start:9.1f} +{e.time_range.elapsed_us():8.1f}  launched {launched}  {e.name[:60]}")
+    nodes = sorted((e for e in events if e.device_type.name == "CPU" and "evaluate_function" in e.name),
+                   key=lambda e: e.time_range.start)
+    if nodes:
+        print("autograd's nodes on the host (us after the call began):")
+        for e in nodes:
+            print(f"  {e.time_range.start - start:9.1f} +{e.time_range.elapsed_us():8.1f}  {e.name[:80]}")
 
 
 if __name__ == "__main__":
