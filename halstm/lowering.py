@@ -25,6 +25,7 @@ every sequence length, its buffers' rows and its time loop following the x it is
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import math
@@ -40,6 +41,7 @@ from .layout import ACCUMULATE, PackedLayout, columns_of, packed_gemm, packed_we
 from .ops import plain_matmul
 from .plan import Gemm, Plan, make_plan
 from .runtime import STEPS, Arg
+from .splice import PART, splice
 
 NOMINAL_STEPS = 100  # the sequence length a function for any T makes its choices for (tiles, tuning records)
 
@@ -49,8 +51,25 @@ def parsed(source: str) -> tvm.tirx.PrimFunc:
     """TVMScript parsed, once a process for a source: parsing is most of lowering (0.16 of 0.17 s,
     LSTM H=512), and the tuner compiles many knob settings of one program; ``Program.mod`` gives
     each schedule a copy (docs/results.md#tuner-on-the-cpu: tuning on the CPU took 10.2-12.5 s against
-    14.3-15.5 s parsing each candidate's program)."""
-    return tvm.script.from_source(source)
+    14.3-15.5 s parsing each candidate's program). The parser's check of well-formedness, which reads
+    the source a second time, is left to tests/test_splice.py, over what the lowering writes: a
+    parse without it took 0.78 s against 0.94 (LSTM's backward, I = 16, H = 32, the 2-core CPU)."""
+    return tvm.script.from_source(source, check_well_formed=False)
+
+
+_SPLICED: dict[str, tvm.tirx.PrimFunc] = {}  # by source, the most recent SPLICED_KEPT
+SPLICED_KEPT = 16
+
+
+def spliced(source: str, build) -> tvm.tirx.PrimFunc:
+    """The function named ``source``, ``build()`` once a process (as ``parsed``)."""
+    func = _SPLICED.pop(source, None)
+    if func is None:
+        func = build()
+        while len(_SPLICED) >= SPLICED_KEPT:
+            del _SPLICED[next(iter(_SPLICED))]
+    _SPLICED[source] = func  # the most recent last
+    return func
 
 
 def _math_view(t: te.Tensor) -> te.Tensor:
@@ -115,8 +134,10 @@ class Problem:
 class Program(Problem):
     """The lowered, unscheduled function and what is needed to call it."""
 
-    source: str  # the TVMScript of ``func``
+    source: str  # the TVMScript of ``func``: what names it (cache keys, ``cell_hash``)
     args: list[Arg]
+    shell: str | None = None  # where given, ``func`` is this text parsed, its blocks taking ``parts``' bodies
+    parts: dict = dataclasses.field(default_factory=dict)  # block name -> function (``splice``)
 
     @property
     def kept(self) -> list[str]:
@@ -126,8 +147,11 @@ class Program(Problem):
 
     @property
     def func(self) -> tvm.tirx.PrimFunc:
-        """Parsed on first use, once a process for a source (``parsed``)."""
-        return parsed(self.source)
+        """Built on first use, once a process for a source: its shell parsed and its parts spliced in
+        (``spliced``), or its source parsed (``parsed``)."""
+        if self.shell is None:
+            return parsed(self.source)
+        return spliced(self.source, lambda: splice(parsed(self.shell), self.parts))
 
     @property
     def mod(self) -> tvm.IRModule:
@@ -137,7 +161,7 @@ class Program(Problem):
         return tvm.IRModule({"main": copy.deepcopy(self.func)})
 
 
-_LOWERED = ("source", "args", "func", "mod", "kept")  # what a Program has and a Problem has not
+_LOWERED = ("source", "args", "shell", "parts", "func", "mod", "kept")  # what a Program has and a Problem has not
 
 
 def _step_layouts(plan: Plan, layout: PackedLayout) -> tuple:
@@ -419,17 +443,38 @@ class StepView(NamedTuple):
 
 @dataclass
 class Skeleton:
-    """The text of a sequence function around its time loop: signature, buffers, prologue, and the
-    views one step works on. ``lower`` puts the step loop in it; a recipe that writes its own loop
-    (the persistent kernel, with ``skeleton(hoisted_only=True)``) takes it as it is."""
+    """A sequence function around its time loop: signature, buffers, the prologue (its views, then
+    the body of ``prologue_func``), and the views one step works on. ``lower`` puts the step loop in
+    it; a recipe that writes its own loop (the persistent kernel, with ``skeleton(hoisted_only=True)``)
+    takes it as it is."""
 
     args: list[Arg]
     allocs: list[str]
     prologue: list[str]
     step_views: list[StepView | str]
+    prologue_func: tvm.tirx.PrimFunc | None = None
 
     def source(self, loop: str, extra_allocs: list[str] = ()) -> str:
-        """The function's TVMScript with ``loop`` (written at indentation 4) after the prologue."""
+        """The function's TVMScript with ``loop`` (written at indentation 4) after the prologue, the
+        prologue's body printed: the text that names the function (``Program.source``)."""
+        body = script_body(self.prologue_func) if self.prologue_func is not None else PART
+        return self._text(loop, extra_allocs, body)
+
+    def shell(self, loop: str, extra_allocs: list[str] = ()) -> str:
+        """``source`` with a placeholder where the prologue's body goes (``splice``)."""
+        return self._text(loop, extra_allocs, PART)
+
+    @property
+    def parts(self) -> dict:
+        """The functions whose bodies the shell's blocks take, by block."""
+        return {} if self.prologue_func is None else {"prologue": self.prologue_func}
+
+    def function(self, loop: str, extra_allocs: list[str] = (), parts: dict | None = None) -> tvm.tirx.PrimFunc:
+        """The function with ``loop``: its shell parsed, the prologue's body and ``parts``' (by block)
+        spliced in."""
+        return splice(parsed(self.shell(loop, extra_allocs)), {**self.parts, **(parts or {})})
+
+    def _text(self, loop: str, extra_allocs, prologue_body: str) -> str:
         signature = ", ".join(_parameter(a) for a in self.args)
         return f"""
 @T.prim_func(s_tir=True)
@@ -437,7 +482,7 @@ def main({signature}):
     T.func_attr({{"tirx.noalias": True, "global_symbol": "main"}})
 {indent([*self.allocs, *extra_allocs], 4)}
     with T.sblock("prologue"):
-{indent(self.prologue, 8)}
+{indent([*self.prologue, prologue_body], 8)}
 {loop}
 """
 
@@ -489,15 +534,13 @@ def skeleton(plan: Plan, steps: int | None, batch: int, dtype: str, layout: Pack
         if g.stage > 0 and not hoisted_only
     ]
     prologue = [] if hoisted_only else [view_script(f"{s}_init", f"{s}_seq", "0", B, H, dtype) for s in cell.states]
-    before_loop = _prologue(plan, T, B, dtype, layout, hoisted_only)
-    prologue.append(script_body(before_loop) if before_loop is not None else "T.evaluate(0)")
     views = [StepView(f"{g.name}_t", g.name, B, g.rows, ACCUMULATE) for g in plan.hoisted]
     if plan.x_in_step:
         views.append(StepView("x_t", "x", B, cell.input_size, dtype))
     views += [StepView(f"{s}_t", f"{s}_seq", B, H, dtype) for s in cell.states]
     views += [StepView(f"{s}_next", f"{s}_seq", B, H, dtype, ahead=B) for s in cell.states]
     views += [StepView(f"{g.name}_kept", f"{g.name}_steps", B, g.rows, ACCUMULATE) for g in first]
-    return Skeleton(args, allocs, prologue, views)
+    return Skeleton(args, allocs, prologue, views, _prologue(plan, T, B, dtype, layout, hoisted_only))
 
 
 INT32_ELEMENTS = 2**31 - 1
@@ -565,12 +608,16 @@ def lower(
         raise ValueError("keep_results: a step's GEMM results are kept whole, not in K slices (split_k)")
     frame = skeleton(plan, steps, batch, dtype, layout, keep_results=keep_results)
     step = step or step_function(plan, batch, dtype, layout, keep_results)
-    loop = f"""    for t in range({steps or STEPS}):
+
+    def loop(body: str) -> str:
+        return f"""    for t in range({steps or STEPS}):
         with T.sblock("step"):
 {indent(frame.step_views, 12)}
-{indent([script_body(step)], 12)}"""
-    program = Program(cell, plan, steps, batch, dtype, layout, allow_tf32, keep_results, source=frame.source(loop),
-                      args=frame.args)
+{indent([body], 12)}"""
+
+    program = Program(cell, plan, steps, batch, dtype, layout, allow_tf32, keep_results,
+                      source=frame.source(loop(script_body(step))), args=frame.args, shell=frame.shell(loop(PART)),
+                      parts={**frame.parts, "step": step})
     program.step = step  # built: ``Problem.step`` would build it again
     return program
 

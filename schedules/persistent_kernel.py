@@ -220,7 +220,7 @@ class PersistentKernel(StepGemms, GridReductions):
         if self.reductions:  # a reduction's rows of parts, two halves (``parts_row``); tagged: ``store_part``
             parts = "uint64" if self.poll_sums else "float32"
             allocs.append(f'sum_parts = T.alloc_buffer(({len(self.reductions) * 2 * B}, {self.groups}), "{parts}")')
-        shell = tvm.script.from_source(frame.source(_TIME_LOOP, allocs))
+        shell = frame.function(_TIME_LOOP, allocs)
         self.buf = named_buffers(shell)
         self.steps = p.steps or self.buf[STEPS]  # the function's variable where it serves any T
         with IRBuilder() as builder:

@@ -11,6 +11,7 @@ from tvm import te
 from ..cell import Cell
 from ..layout import ACCUMULATE, PackedLayout, stacked, tf32_big
 from ..lowering import NOMINAL_STEPS, Program, Skeleton, hoisted_rows, indent, script_body
+from ..splice import PART
 from ..plan import Gemm, Plan
 from ..runtime import STEPS, Arg
 from .plan import BackwardPlan
@@ -44,18 +45,18 @@ def x_in_step_args(forward: Plan, T, B: int) -> list[Arg]:
     return [sequence_arg("dx_seq", T, B, 0, forward.cell.input_size, ACCUMULATE, "buffer")] if forward.x_in_step else []
 
 
-def over_all_rows(plan: Plan, T, B: int, dtype, layout, frame: Skeleton, loop: str) -> Program:
-    """One step over all T*B rows; where T is any, the rows that choices are made for are
-    ``NOMINAL_STEPS`` * B (the function's own follow ``STEPS``)."""
+def over_all_rows(plan: Plan, T, B: int, dtype, layout, frame: Skeleton, step: tvm.tirx.PrimFunc) -> Program:
+    """The frame's function with ``step`` run once, over all T*B rows (its "step" block, the frame's
+    views first); where T is any, the rows that choices are made for are ``NOMINAL_STEPS`` * B (the
+    function's own follow ``STEPS``)."""
     rows = NOMINAL_STEPS * B if any_steps(T) else T * B
-    return Program(plan.cell, plan, 1, rows, dtype, layout, source=frame.source(loop), args=frame.args)
+    return Program(plan.cell, plan, 1, rows, dtype, layout, source=frame.source(_one_step(frame, script_body(step))),
+                   args=frame.args, shell=frame.shell(_one_step(frame, PART)), parts={**frame.parts, "step": step})
 
 
-def one_step(frame: Skeleton, body: tvm.tirx.PrimFunc) -> str:
-    """A function's "step" block run once, with the frame's views."""
+def _one_step(frame: Skeleton, body: str) -> str:
     return f"""    with T.sblock("step"):
-{indent(frame.step_views, 8)}
-{indent([script_body(body)], 8)}"""
+{indent([*frame.step_views, body], 8)}"""
 
 
 def reversed_row(r, T, B: int):

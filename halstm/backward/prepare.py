@@ -10,14 +10,13 @@ from tvm import te
 
 from ..cell import placeholders
 from ..layout import ACCUMULATE, PackedLayout, stacked
-from ..lowering import (Program, Skeleton, padded_rows, prim_func_of, script_body, trace_hoisted, trace_step,
+from ..lowering import (Program, Skeleton, padded_rows, prim_func_of, trace_hoisted, trace_step,
                         view_script)
 from ..runtime import Arg
 from ..scratch import dimension_of
 from .common import (
     any_steps,
     hoisted_rows_at,
-    one_step,
     over_all_rows,
     param_args,
     reversed_row,
@@ -47,7 +46,6 @@ def lower_prepare(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
         args += [Arg(f"{g.name}_steps", (padded, g.rows), ACCUMULATE, "hoisted") for _, g in first]
     else:
         allocs += [f'w_packed{i} = T.alloc_buffer({layout.shape(g.depth, g.rows)}, "{dtype}")' for i, g in first]
-    prologue = [script_body(_prepare_prologue(plan, T, B, dtype, layout))]
     views = [view_script(f"{g.name}_t", g.name, "0", T * B, g.rows, ACCUMULATE) for g in forward.hoisted]
     if plan.given_results:
         views += [view_script(f"{g.name}_given", f"{g.name}_steps", "0", T * B, g.rows, ACCUMULATE) for _, g in first]
@@ -56,9 +54,8 @@ def lower_prepare(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
     if adjoint.reads_next:
         views += [view_script(f"{s}_after", f"{s}_seq", str(B), T * B, H, dtype) for s in cell.states]
     views += [view_script(f"g{s}_t", f"g{s}_seq", "0", T * B, H, dtype) for s in cell.states]
-    frame = Skeleton(args, allocs, prologue, views)
-    step = one_step(frame, _prepare_step(plan, T, B, dtype, layout))
-    return over_all_rows(plan.prepare_plan(), T, B, dtype, layout, frame, step)
+    frame = Skeleton(args, allocs, [], views, _prepare_prologue(plan, T, B, dtype, layout))
+    return over_all_rows(plan.prepare_plan(), T, B, dtype, layout, frame, _prepare_step(plan, T, B, dtype, layout))
 
 
 def _prepare_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc:

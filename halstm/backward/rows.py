@@ -13,14 +13,13 @@ from ..adjoint import zeros
 from ..autodiff import adjoints, derive, rebuild
 from ..cell import placeholders
 from ..layout import ACCUMULATE, PackedLayout, packed_gemm
-from ..lowering import (Program, Skeleton, prim_func_of, script_body, stored_as, trace_hoisted, trace_step,
+from ..lowering import (Program, Skeleton, prim_func_of, stored_as, trace_hoisted, trace_step,
                         view_script)
 from ..plan import Gemm
 from ..runtime import Arg
 from .common import (
     between_dtype,
     numel,
-    one_step,
     or_zeros,
     over_all_rows,
     param_args,
@@ -56,8 +55,6 @@ def lower_rows(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
               for i, g in recurrent if g.stage > 1]
     allocs += [f'w_packed_t{i} = T.alloc_buffer({layout.shape(g.rows, g.depth)}, "{dtype}")'
                for i, g in recurrent if g in operands]
-    before = _rows_prologue(plan, T, B, dtype, layout)
-    prologue = [script_body(before) if before is not None else "T.evaluate(0)"]
     views = []
     if forward.x_in_step:
         views += [view_script("x_t", "x", "0", T * B, cell.input_size, dtype),
@@ -67,8 +64,8 @@ def lower_rows(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) 
     views += [view_script(f"a_{g.name}_t", f"a_{g.name}_seq", "0", T * B, g.depth, between)
               for g in plan.stored_operands]
     views += [view_script(f"d{p}_t", f"d{p}_sum", "0", 1, numel(cell.parameters()[p]), ACCUMULATE) for p in kept]
-    frame = Skeleton(args, allocs, prologue, views)
-    return over_all_rows(plan.rows_plan(), T, B, dtype, layout, frame, one_step(frame, step)), kept, shared
+    frame = Skeleton(args, allocs, [], views, _rows_prologue(plan, T, B, dtype, layout))
+    return over_all_rows(plan.rows_plan(), T, B, dtype, layout, frame, step), kept, shared
 
 
 def _rows_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout) -> tvm.tirx.PrimFunc | None:

@@ -12,7 +12,7 @@ from tvm import te
 from ..autodiff import adjoints
 from ..cell import placeholders
 from ..layout import ACCUMULATE, PackedLayout, packed_gemm
-from ..lowering import (Program, Skeleton, indent, padded_rows, prim_func_of, script_body, stored_as,
+from ..lowering import (Program, Skeleton, padded_rows, prim_func_of, stored_as,
                         trace_hoisted, view_script, zero_past)
 from ..plan import Plan
 from ..runtime import Arg
@@ -21,7 +21,6 @@ from .common import (
     between_dtype,
     hoisted_rows_at,
     numel,
-    one_step,
     or_zeros,
     over_all_rows,
     pack_right,
@@ -64,12 +63,9 @@ def lower_weights(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayou
                    for g in forward.hoisted]
         views += [view_script(f"grad_a_{g.name}_t", f"grad_a_{g.name}", "0", T * B, g.depth, ACCUMULATE)
                   for g in forward.hoisted]
-    prologue = [script_body(_weights_prologue(plan, T, B, dtype, layout, shared))]
-    frame = Skeleton(args, allocs, prologue, views)
+    frame = Skeleton(args, allocs, [], views, _weights_prologue(plan, T, B, dtype, layout, shared))
     step = _weights_step(plan, T, B, dtype, layout, kept, shared)
-    loop = one_step(frame, step) if views else f"""    with T.sblock("step"):
-{indent([script_body(step)], 8)}"""
-    return over_all_rows(plan.weights_plan(), T, B, dtype, layout, frame, loop)  # one step of T*B rows
+    return over_all_rows(plan.weights_plan(), T, B, dtype, layout, frame, step)  # one step of T*B rows
 
 
 def _weights_prologue(plan: BackwardPlan, T, B: int, dtype: str, layout: PackedLayout,

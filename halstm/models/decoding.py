@@ -28,12 +28,13 @@ from halstm.schedules.decode import recipe_for
 
 from ..cell import Params, upstream
 from ..layout import ACCUMULATE, PackedLayout, columns_of, packed_gemm, packed_weights
-from ..lowering import Skeleton, indent, prim_func_of, script_body, stored_as, view_script
+from ..lowering import Skeleton, indent, prim_func_of, stored_as, view_script
 from ..ops import CONCAT_TAG, argmax, concat, tracing
 from ..plan import Gemm, Matmul, Plan
 from ..frames import as_frame, check_array, check_names, new_array, Pack
 from ..runtime import Arg
 from ..scratch import lift_module
+from ..splice import PART
 
 FLOAT = "float32"
 
@@ -176,17 +177,15 @@ def lower(decoder, steps: int, batch: int, layout: PackedLayout = PackedLayout()
              Arg("logits", (N * B, V), FLOAT, "output")]
     allocs = [f'{t.op.name} = T.alloc_buffer({_shape(t)}, "{ACCUMULATE}")' for t in hoisted]
     frame = Skeleton(args, allocs,
-                     [_tokens_view("token_init", "0", B), view_script("h_init", "h_seq", "0", B, H, FLOAT),
-                      script_body(prologue)],
+                     [_tokens_view("token_init", "0", B), view_script("h_init", "h_seq", "0", B, H, FLOAT)],
                      [_tokens_view("token_t", f"t * {B}", B), view_script("h_t", "h_seq", f"t * {B}", B, H, FLOAT),
                       _tokens_view("token_next", f"t * {B} + {B}", B),
                       view_script("h_next", "h_seq", f"t * {B} + {B}", B, H, FLOAT),
-                      view_script("logits_t", "logits", f"t * {B}", B, V, FLOAT)])
+                      view_script("logits_t", "logits", f"t * {B}", B, V, FLOAT)], prologue)
     loop = f"""    for t in range({N}):
         with T.sblock("step"):
-{indent(frame.step_views, 12)}
-{indent([script_body(step)], 12)}"""
-    main = tvm.script.from_source(frame.source(loop))
+{indent([*frame.step_views, PART], 12)}"""
+    main = frame.function(loop, parts={"step": step})
     pack_args = [Arg(p.op.name, _shape(p), FLOAT, "param") for p in unpacked]
     pack_args += [Arg(p.op.name, _shape(p), FLOAT, "packed") for p in packed_reads]
     mod = tvm.IRModule({"main": main, "pack": pack.with_attr("global_symbol", "pack")})
