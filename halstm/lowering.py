@@ -99,6 +99,12 @@ class Problem:
     keeps_results: bool = False  # the first stage's GEMM results of every step stay (``kept_results``)
 
     def __getattr__(self, name: str):
+        getter = getattr(type(self), name, None)
+        if isinstance(getter, property):  # it raised AttributeError itself: that error, said as what it is
+            try:
+                return getter.fget(self)
+            except AttributeError as error:
+                raise RuntimeError(f"{type(self).__name__}.{name}: {error!r}") from error
         if name in _LOWERED:
             raise AttributeError(f"'{name}' is a lowered program's: a recipe's is_applicable, resolve, runs and "
                                  f"layout get the problem before it is lowered (halstm.lowering.Problem: the cell, "

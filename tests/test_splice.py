@@ -84,3 +84,11 @@ def test_an_ill_formed_function_is_caught():
     stray = tvm.tirx.Evaluate(tvm.tirx.Var("stray", "int32"))
     with pytest.raises(Exception, match="stray"):
         well_formed(func.with_body(tvm.tirx.SeqStmt([stray, func.body])))
+
+
+def test_an_attribute_error_inside_a_programs_property_is_said_as_what_it_is():
+    """Not taken for a missing attribute (``Problem.__getattr__``, which names a lowered program's)."""
+    program = halstm.lower(BUILTIN["LSTM"](7, 13), 2, 3, "float32")  # a program no other test builds
+    program.parts = {**program.parts, "step": object()}
+    with pytest.raises(RuntimeError, match="Program.func: AttributeError"):
+        program.func
