@@ -72,6 +72,9 @@ def spliced(source: str, build) -> tvm.tirx.PrimFunc:
     return func
 
 
+spliced.cache_clear = _SPLICED.clear  # as ``parsed``'s (functools.lru_cache)
+
+
 def _math_view(t: te.Tensor) -> te.Tensor:
     """t in float32 for the cell's math: t itself when already float32, else a cast (inlined later)."""
     if t.dtype == ACCUMULATE:

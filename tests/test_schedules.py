@@ -150,12 +150,14 @@ def test_gpu_recipe_preference_follows_the_measured_sizes():
 
 
 def test_compile_parses_the_lowered_function_once(monkeypatch):
-    """Parsing the TVMScript is most of lowering: compile lowers a second time for the recipe's
-    weight layout, and only that program is parsed; compiling it again with other knobs (as the
-    tuner does) parses nothing."""
+    """Parsing TVMScript is most of lowering (a function's shell, ``halstm.splice``): compile lowers a
+    second time for the recipe's weight layout, and only that program is parsed; compiling it again
+    with other knobs (as the tuner does) parses nothing."""
     parse, parsed = tvm.script.from_source, []
-    monkeypatch.setattr(tvm.script, "from_source", lambda source: parsed.append(source) or parse(source))
+    monkeypatch.setattr(tvm.script, "from_source", lambda source, **options: parsed.append(source) or parse(
+        source, **options))
     halstm.lowering.parsed.cache_clear()
+    halstm.lowering.spliced.cache_clear()
     f = halstm.compile(halstm.LSTM(8, 16), 3, 2, target=TARGET, database=False)
     assert f.program.layout == PackedLayout(tile=16) and len(parsed) == 1
     g = halstm.compile(halstm.LSTM(8, 16), 3, 2, target=TARGET, knobs={"panel": 32})
