@@ -40,8 +40,13 @@ def splice(shell: tvm.tirx.PrimFunc, parts: dict) -> tvm.tirx.PrimFunc:
                       [*block.alloc_buffers, *allocs], block.match_buffers,
                       {**block.annotations, DETECT_ACCESS: tirx.IntImm("int32", _READS_AND_WRITES)}, block.span)
 
-    body = tvm_ffi.structural_map(shell.body, (SBlock, take))
-    return tvm.get_global_func("script.Complete")(shell.with_body(body), [], True)
+    return complete(shell.with_body(tvm_ffi.structural_map(shell.body, (SBlock, take))))
+
+
+def complete(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """What TVMScript's parser does last to a function it built: the reads and writes of each block
+    marked ``DETECT_ACCESS`` found from its body."""
+    return tvm.get_global_func("script.Complete")(func, [], True)
 
 
 def _named_buffers(func: tvm.tirx.PrimFunc) -> dict:

@@ -14,6 +14,9 @@ from tvm.s_tir.stmt import SBlock
 from tvm.script import tirx as T
 from tvm.script.ir_builder import IRBuilder
 
+from halstm.splice import DETECT_ACCESS
+from halstm.splice import complete as parser_complete  # this module's ``complete`` adds ``whole``
+
 
 def named_buffers(func: tvm.tirx.PrimFunc) -> dict:
     """The function's parameters and allocated buffers, by name."""
@@ -26,7 +29,6 @@ def named_buffers(func: tvm.tirx.PrimFunc) -> dict:
     return out
 
 
-DETECT_ACCESS = "tirx.script_parsing_detect_access"
 _BUFFER_DATA = tvm.ir.Op.get("tirx.buffer_data")  # a buffer's pointer (``buffer.data``)
 
 
@@ -39,7 +41,7 @@ def complete(func: tvm.tirx.PrimFunc, whole: tuple = ()) -> tvm.tirx.PrimFunc:
     if whole:
         func = func.with_body(tvm_ffi.structural_map(
             func.body, (SBlock, lambda b: _touching_whole(b) if b.name_hint in whole else b)))
-    return tvm.get_global_func("script.Complete")(func, [], True)
+    return parser_complete(func)
 
 
 def _touching_whole(block: SBlock) -> SBlock:
